@@ -1,0 +1,161 @@
+"""Behaviour of tinylm.attention: the explainer's worked example, masking, stability, both paths."""
+
+import math
+
+import pytest
+import torch
+from torch import nn
+
+from tinylm.attention import (
+    KVCache,
+    MultiHeadAttention,
+    attention_steps,
+    causal_mask,
+    scaled_dot_product_attention,
+)
+
+# The worked example of ../shared/docs/attention-explainer.md
+Q = K = torch.tensor([[1.0, 0.0], [0.0, 1.0], [1.0, 1.0]])
+V = torch.tensor([[1.0, 0.0], [0.0, 2.0], [1.0, 1.0]])
+
+
+def test_worked_example_first_query_weights_and_output():
+    output, weights = scaled_dot_product_attention(Q, K, V)
+    assert torch.allclose(weights[0], torch.tensor([0.401, 0.198, 0.401]), atol=5e-4)
+    assert torch.allclose(output[0], torch.tensor([0.802, 0.797]), atol=5e-4)
+    assert torch.allclose(weights.sum(-1), torch.ones(3))
+
+
+def test_worked_example_intermediate_steps():
+    steps = attention_steps(Q, K, V)
+    assert steps.scores[0].tolist() == [1.0, 0.0, 1.0]
+    assert torch.allclose(steps.scaled[0], torch.tensor([0.7071, 0.0, 0.7071]), atol=1e-4)
+    # the row max (0.7071) is subtracted before exp, so the exps are the explainer's divided by
+    # e^0.7071; the weights do not change
+    unshifted = steps.exps[0] * math.exp(steps.row_max[0].item())
+    assert torch.allclose(unshifted, torch.tensor([2.028114981, 1.0, 2.028114981]), atol=1e-6)
+    assert torch.allclose(steps.exp_sum[0] * math.exp(steps.row_max[0].item()),
+                          torch.tensor([5.056229962]), atol=1e-6)
+
+
+def test_causal_mask_is_strictly_upper_triangular():
+    mask = causal_mask(4, 4)
+    expected = torch.tensor([[0, 1, 1, 1], [0, 0, 1, 1], [0, 0, 0, 1], [0, 0, 0, 0]], dtype=torch.bool)
+    assert torch.equal(mask, expected)
+
+
+def test_causal_mask_for_queries_that_follow_cached_keys():
+    # 2 new queries after 3 cached keys sit at positions 3 and 4
+    mask = causal_mask(2, 5)
+    expected = torch.tensor([[0, 0, 0, 0, 1], [0, 0, 0, 0, 0]], dtype=torch.bool)
+    assert torch.equal(mask, expected)
+    assert causal_mask(2, 5) is mask  # built once per length and device
+
+
+def test_causal_weights_are_zero_above_the_diagonal():
+    _, weights = scaled_dot_product_attention(Q, K, V, is_causal=True)
+    assert torch.all(weights.triu(diagonal=1) == 0)
+    assert weights[0].tolist() == [1.0, 0.0, 0.0]  # the first token can only look at itself
+    assert torch.allclose(weights.sum(-1), torch.ones(3))
+
+
+def test_huge_scores_give_finite_weights_that_sum_to_one():
+    q = torch.tensor([[1e4, -1e4], [3e4, 2e4]])
+    k = torch.tensor([[1e4, 0.0], [0.0, 1e4], [-1e4, 1e4]])
+    _, weights = scaled_dot_product_attention(q, k, torch.randn(3, 4))
+    assert torch.isfinite(weights).all()
+    assert torch.allclose(weights.sum(-1), torch.ones(2))
+
+
+def test_fully_masked_row_gives_zeros_not_nan():
+    mask = torch.tensor([[True, True, True], [False, True, True], [False, False, False]])
+    output, weights = scaled_dot_product_attention(Q, K, V, mask=mask)
+    assert not torch.isnan(output).any() and not torch.isnan(weights).any()
+    assert weights[0].tolist() == [0.0, 0.0, 0.0] and output[0].tolist() == [0.0, 0.0]
+    assert torch.allclose(weights[1:].sum(-1), torch.ones(2))
+
+
+def test_mismatched_shapes_are_rejected():
+    with pytest.raises(ValueError, match="last dimension"):
+        scaled_dot_product_attention(torch.randn(3, 2), torch.randn(3, 4), torch.randn(3, 2))
+    with pytest.raises(ValueError, match="positions"):
+        scaled_dot_product_attention(torch.randn(3, 2), torch.randn(3, 2), torch.randn(4, 2))
+
+
+def _mha(seed=0, n_embd=32, n_head=4, bias=True):
+    torch.manual_seed(seed)
+    return MultiHeadAttention(n_embd, n_head, dropout=0.0, bias=bias).eval()
+
+
+def test_explicit_path_equals_fused_path_outputs_and_gradients():
+    mha = _mha()
+    x = torch.randn(3, 10, 32)
+    x_fused, x_explicit = x.clone().requires_grad_(), x.clone().requires_grad_()
+
+    y_fused, none = mha(x_fused)
+    y_fused.square().sum().backward()
+    grads_fused = [p.grad.clone() for p in mha.parameters()]
+    mha.zero_grad()
+    y_explicit, weights = mha(x_explicit, need_weights=True)
+    y_explicit.square().sum().backward()
+
+    assert none is None and weights.shape == (3, 4, 10, 10)
+    assert (y_fused - y_explicit).abs().max() <= 1e-5
+    assert (x_fused.grad - x_explicit.grad).abs().max() <= 1e-5
+    for g_fused, p in zip(grads_fused, mha.parameters(), strict=True):
+        assert (g_fused - p.grad).abs().max() <= 1e-5
+
+
+def test_matches_torch_multihead_attention_with_the_same_weights():
+    mha = _mha(seed=1)
+    reference = nn.MultiheadAttention(32, 4, bias=True, batch_first=True).eval()
+    with torch.no_grad():
+        reference.in_proj_weight.copy_(mha.qkv_proj.weight)
+        reference.in_proj_bias.copy_(mha.qkv_proj.bias)
+        reference.out_proj.weight.copy_(mha.out_proj.weight)
+        reference.out_proj.bias.copy_(mha.out_proj.bias)
+    x = torch.randn(2, 7, 32)
+    ours, our_weights = mha(x, need_weights=True)
+    theirs, their_weights = reference(x, x, x, attn_mask=causal_mask(7, 7),
+                                      need_weights=True, average_attn_weights=False)
+    assert (ours - theirs).abs().max() <= 1e-5
+    assert (our_weights - their_weights).abs().max() <= 1e-5
+
+
+@pytest.mark.parametrize("need_weights", [False, True])
+def test_kv_cache_gives_the_same_output_as_the_full_sequence(need_weights):
+    mha = _mha(seed=2)
+    x = torch.randn(2, 9, 32)
+    full, _ = mha(x)
+    cache = KVCache(2, 4, max_len=16, head_size=8)
+    # a 4-token prefill, a 3-token chunk (queries after cached keys), then one token at a time
+    pieces = [x[:, :4], x[:, 4:7], x[:, 7:8], x[:, 8:9]]
+    outputs = [mha(piece, kv_cache=cache, need_weights=need_weights)[0] for piece in pieces]
+    assert cache.length == 9
+    assert (torch.cat(outputs, dim=1) - full).abs().max() <= 1e-5
+
+
+def test_kv_cache_refuses_to_overflow():
+    cache = KVCache(1, 2, max_len=4, head_size=3)
+    cache.append(torch.zeros(1, 2, 4, 3), torch.zeros(1, 2, 4, 3))
+    with pytest.raises(ValueError, match="holds 4 positions"):
+        cache.append(torch.zeros(1, 2, 1, 3), torch.zeros(1, 2, 1, 3))
+
+
+def test_head_mask_zero_removes_exactly_that_head():
+    mha = _mha(seed=3, bias=False)
+    x = torch.randn(1, 5, 32)
+    keep_all, _ = mha(x, head_mask=torch.ones(4))
+    without_head_1, _ = mha(x, head_mask=torch.tensor([1.0, 0.0, 1.0, 1.0]))
+    plain, _ = mha(x)
+    assert torch.allclose(keep_all, plain)
+    # removing head 1 subtracts its contribution: its slice of the output projection times its output
+    _, weights = mha(x, need_weights=True)
+    v = mha.qkv_proj(x)[..., 64:].view(1, 5, 4, 8).transpose(1, 2)
+    head_1 = (weights[:, 1] @ v[:, 1]) @ mha.out_proj.weight[:, 8:16].T
+    assert torch.allclose(plain - without_head_1, head_1, atol=1e-5)
+
+
+def test_n_embd_must_divide_into_heads():
+    with pytest.raises(ValueError, match="divisible"):
+        MultiHeadAttention(30, 4)

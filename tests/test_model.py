@@ -1,0 +1,142 @@
+"""Behaviour of tinylm.model: causality, the KV cache, attention capture, config checks."""
+
+import pytest
+import torch
+
+from tinylm.model import ModelConfig, TinyLM
+
+
+def tiny_model(seed=0, **overrides):
+    torch.manual_seed(seed)
+    values = dict(vocab_size=50, block_size=16, n_layer=2, n_head=4, n_embd=32)
+    values.update(overrides)
+    return TinyLM(ModelConfig(**values)).eval()
+
+
+def test_logits_at_or_before_t_ignore_later_tokens():
+    model = tiny_model()
+    idx = torch.randint(0, 50, (2, 12))
+    changed = idx.clone()
+    changed[:, 7:] = torch.randint(0, 50, (2, 5))
+    logits, _, _ = model(idx)
+    logits_changed, _, _ = model(changed)
+    assert torch.equal(logits[:, :7], logits_changed[:, :7])
+    assert not torch.allclose(logits[:, 7:], logits_changed[:, 7:])
+
+
+@pytest.mark.parametrize("return_attention", [False, True])
+def test_gradient_of_output_t_wrt_later_inputs_is_exactly_zero(return_attention):
+    model = tiny_model(seed=1)
+    idx = torch.randint(0, 50, (1, 10))
+    captured = {}
+
+    def keep_embeddings(module, inputs, output):
+        output.retain_grad()
+        captured["x"] = output
+
+    handle = model.drop.register_forward_hook(keep_embeddings)
+    logits, _, _ = model(idx, return_attention=return_attention)
+    handle.remove()
+    t = 4
+    logits[0, t].sum().backward()
+    grad = captured["x"].grad[0]  # (T, C): d logits_t / d input embedding at each position
+    assert torch.all(grad[t + 1:] == 0)
+    assert grad[: t + 1].abs().sum() > 0
+
+
+def test_loss_is_cross_entropy_of_the_targets():
+    model = tiny_model()
+    idx = torch.randint(0, 50, (2, 8))
+    targets = torch.randint(0, 50, (2, 8))
+    logits, loss, _ = model(idx, targets)
+    expected = torch.nn.functional.cross_entropy(logits.view(-1, 50), targets.view(-1))
+    assert torch.allclose(loss, expected)
+    # an untrained model starts near uniform: loss close to ln(vocab_size)
+    assert abs(loss.item() - torch.log(torch.tensor(50.0)).item()) < 0.5
+    assert model(idx)[1] is None
+
+
+def test_attention_weights_of_every_layer_when_asked():
+    model = tiny_model()
+    _, _, attentions = model(torch.randint(0, 50, (3, 9)), return_attention=True)
+    assert len(attentions) == 2
+    for weights in attentions:
+        assert weights.shape == (3, 4, 9, 9)
+        assert torch.allclose(weights.sum(-1), torch.ones(3, 4, 9), atol=1e-6)
+        assert torch.all(weights.triu(diagonal=1) == 0)
+    assert model(torch.randint(0, 50, (1, 4)))[2] is None
+
+
+def test_fast_and_explicit_paths_give_the_same_logits():
+    model = tiny_model(seed=2)
+    idx = torch.randint(0, 50, (2, 16))
+    fast = model(idx).logits
+    explicit = model(idx, return_attention=True).logits
+    assert (fast - explicit).abs().max() <= 1e-5
+
+
+@pytest.mark.parametrize("return_attention", [False, True])
+def test_kv_cache_decoding_matches_full_forward_token_by_token(return_attention):
+    model = tiny_model(seed=3)
+    idx = torch.randint(0, 50, (2, 14))
+    full = model(idx).logits
+    cache = model.new_kv_cache(batch_size=2)
+    steps = [model(idx[:, :5], kv_cache=cache, return_attention=return_attention).logits]
+    for t in range(5, 14):
+        steps.append(model(idx[:, t:t + 1], kv_cache=cache, return_attention=return_attention).logits)
+    assert (torch.cat(steps, dim=1) - full).abs().max() <= 1e-5
+
+
+def test_sequence_longer_than_block_size_is_rejected():
+    model = tiny_model()
+    with pytest.raises(ValueError, match="longer than block_size=16"):
+        model(torch.zeros(1, 17, dtype=torch.long))
+    cache = model.new_kv_cache(1)
+    model(torch.zeros(1, 16, dtype=torch.long), kv_cache=cache)
+    with pytest.raises(ValueError, match="17 tokens"):
+        model(torch.zeros(1, 1, dtype=torch.long), kv_cache=cache)
+
+
+def test_lm_head_is_tied_to_token_embedding():
+    model = tiny_model()
+    assert model.lm_head.weight is model.wte.weight
+
+
+def test_residual_projections_get_the_smaller_gpt2_init():
+    model = tiny_model(n_layer=8, n_embd=64, vocab_size=500)
+    assert abs(model.blocks[0].attn.qkv_proj.weight.std().item() - 0.02) < 0.002
+    assert abs(model.blocks[0].mlp.proj.weight.std().item() - 0.02 / 4) < 0.001
+
+
+def test_parameter_count_and_flops_per_token():
+    model = tiny_model(bias=False)
+    c = model.config
+    per_block = 4 * c.n_embd * c.n_embd + 8 * c.n_embd * c.n_embd + 2 * c.n_embd  # attn, mlp, 2 norms
+    expected = c.vocab_size * c.n_embd + c.n_layer * per_block + c.n_embd  # + final norm
+    assert model.num_params() == expected
+    assert model.num_params(non_embedding=False) == expected + c.block_size * c.n_embd
+    assert model.flops_per_token(8) == 6 * expected + 12 * c.n_layer * c.n_embd * 8
+
+
+def test_head_mask_of_ones_changes_nothing_and_zero_changes_logits():
+    model = tiny_model(seed=4)
+    idx = torch.randint(0, 50, (1, 8))
+    plain = model(idx).logits
+    ones = torch.ones(2, 4)
+    assert torch.allclose(model(idx, head_mask=ones).logits, plain)
+    ablated = ones.clone()
+    ablated[1, 2] = 0
+    assert not torch.allclose(model(idx, head_mask=ablated).logits, plain)
+
+
+@pytest.mark.parametrize("field,value,message", [
+    ("n_embd", 30, "model.n_embd=30 is not allowed: must be divisible by model.n_head=4"),
+    ("n_layer", 0, "model.n_layer=0 is not allowed"),
+    ("dropout", 1.5, "model.dropout=1.5 is not allowed"),
+    ("vocab_size", -3, "model.vocab_size=-3 is not allowed"),
+])
+def test_impossible_config_values_are_named(field, value, message):
+    values = dict(vocab_size=50, block_size=16, n_layer=2, n_head=4, n_embd=32)
+    values[field] = value
+    with pytest.raises(ValueError, match=message.replace(".", r"\.")):
+        ModelConfig(**values)

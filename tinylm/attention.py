@@ -1,0 +1,200 @@
+"""Multi-head causal self-attention, written out step by step.
+
+The arithmetic follows the explainer tinylm grew from (docs: ../shared/docs/attention-explainer.md):
+
+    scores  = Q Kᵀ / √d                      how well each query matches each key
+    scores  = masked_fill(mask, -inf)        the causal mask hides future positions
+    weights = softmax(scores - row max)      each row sums to 1; the max keeps exp() finite
+    output  = weights V                      each query's output is a weighted sum of values
+
+Try the explainer's worked example:
+
+    python -c "import torch, tinylm.attention as a; q = torch.tensor([[1., 0], [0, 1], [1, 1]]);
+    print(a.scaled_dot_product_attention(q, q, torch.tensor([[1., 0], [0, 2], [1, 1]])))"
+"""
+
+from __future__ import annotations
+
+import math
+from functools import lru_cache
+from typing import NamedTuple
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+@lru_cache(maxsize=64)
+def causal_mask(t_q: int, t_k: int, device: torch.device | str = "cpu") -> torch.Tensor:
+    """Upper-triangular causal mask of shape (t_q, t_k): True where a query must not look.
+
+    The queries are the *last* t_q of the t_k positions (with a KV cache, t_q new tokens follow
+    t_k - t_q cached ones), so query i sits at absolute position t_k - t_q + i and may see keys
+    0 .. t_k - t_q + i. Built once per (t_q, t_k, device) and cached; treat it as read-only.
+    """
+    if t_q > t_k:
+        raise ValueError(f"causal_mask: t_q={t_q} queries cannot follow only t_k={t_k} keys")
+    return torch.ones(t_q, t_k, dtype=torch.bool, device=device).triu(diagonal=t_k - t_q + 1)
+
+
+class AttentionSteps(NamedTuple):
+    """Every intermediate of scaled dot-product attention, for teaching and inspection."""
+
+    scores: torch.Tensor  # q·kᵀ, (..., T_q, T_k)
+    scaled: torch.Tensor  # scores / √d
+    masked: torch.Tensor  # scaled with hidden positions set to -inf
+    row_max: torch.Tensor  # max over each row's visible scores, (..., T_q, 1)
+    exps: torch.Tensor  # exp(masked - row_max); 0 where hidden
+    exp_sum: torch.Tensor  # (..., T_q, 1)
+    weights: torch.Tensor  # exps / exp_sum: the attention weights, rows sum to 1
+    output: torch.Tensor  # weights · v, (..., T_q, d_v)
+
+
+def attention_steps(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    mask: torch.Tensor | None = None,
+    is_causal: bool = False,
+    dropout_p: float = 0.0,
+) -> AttentionSteps:
+    """Scaled dot-product attention, keeping each step. Shapes: q (..., T_q, d), k/v (..., T_k, d).
+
+    `mask` is boolean and broadcastable to (..., T_q, T_k); True marks a position the query must
+    not see. `is_causal` adds the causal mask (queries are the last T_q of T_k positions).
+    `dropout_p` drops weights before they mix the values (training only); the returned weights
+    are the ones before dropout.
+    """
+    d = q.size(-1)
+    if k.size(-1) != d:
+        raise ValueError(f"q and k must share their last dimension, got {d} and {k.size(-1)}")
+    if k.size(-2) != v.size(-2):
+        raise ValueError(f"k and v must have as many positions, got {k.size(-2)} and {v.size(-2)}")
+    t_q, t_k = q.size(-2), k.size(-2)
+
+    scores = q @ k.transpose(-2, -1)  # (..., T_q, T_k)
+    # softmax is computed in fp32 even under bf16 autocast: exp() of bf16 scores loses digits
+    scaled = scores.float() / math.sqrt(d)
+
+    hidden = mask
+    if is_causal:
+        causal = causal_mask(t_q, t_k, q.device)
+        hidden = causal if hidden is None else (hidden | causal)
+    masked = scaled if hidden is None else scaled.masked_fill(hidden, float("-inf"))
+
+    # Subtracting the row max leaves softmax unchanged and keeps every exponent <= 0, so exp()
+    # cannot overflow. A fully hidden row has max -inf; use 0 there so it gives zeros, not NaN.
+    row_max = masked.amax(dim=-1, keepdim=True)
+    row_max = row_max.masked_fill(torch.isinf(row_max), 0.0)
+    exps = torch.exp(masked - row_max)
+    exp_sum = exps.sum(dim=-1, keepdim=True)
+    weights = exps / exp_sum.clamp_min(torch.finfo(exps.dtype).tiny)
+
+    mixing = F.dropout(weights, p=dropout_p) if dropout_p > 0 else weights
+    output = mixing.to(v.dtype) @ v  # (..., T_q, d_v)
+    return AttentionSteps(scores, scaled, masked, row_max, exps, exp_sum, weights, output)
+
+
+def scaled_dot_product_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    mask: torch.Tensor | None = None,
+    is_causal: bool = False,
+    dropout_p: float = 0.0,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """softmax(q·kᵀ/√d, masked) · v. Returns (output (..., T_q, d_v), weights (..., T_q, T_k))."""
+    steps = attention_steps(q, k, v, mask=mask, is_causal=is_causal, dropout_p=dropout_p)
+    return steps.output, steps.weights
+
+
+class KVCache:
+    """Keys and values of one attention layer, kept across decoding steps.
+
+    Preallocated to `max_len` positions so that each step writes in place instead of
+    concatenating (which would copy the whole cache at every token).
+    """
+
+    def __init__(self, batch_size: int, n_head: int, max_len: int, head_size: int,
+                 dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu"):
+        shape = (batch_size, n_head, max_len, head_size)
+        self.k = torch.zeros(shape, dtype=dtype, device=device)
+        self.v = torch.zeros(shape, dtype=dtype, device=device)
+        self.length = 0
+
+    @property
+    def max_len(self) -> int:
+        return self.k.size(2)
+
+    def append(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Store new keys/values (B, nh, T_new, hs); return all cached so far (B, nh, T, hs)."""
+        start, end = self.length, self.length + k.size(2)
+        if end > self.max_len:
+            raise ValueError(f"KV cache holds {self.max_len} positions; {end} were asked for")
+        self.k[:, :, start:end] = k
+        self.v[:, :, start:end] = v
+        self.length = end
+        return self.k[:, :, :end], self.v[:, :, :end]
+
+
+class MultiHeadAttention(nn.Module):
+    """Causal multi-head self-attention: project to Q/K/V, attend per head, concatenate, project.
+
+    forward(x, need_weights=True) takes the explicit path above and returns the per-head weights
+    (B, n_head, T_q, T_k). Otherwise PyTorch's fused kernel computes the same thing faster;
+    tests/test_attention.py checks that the two paths agree.
+    """
+
+    def __init__(self, n_embd: int, n_head: int, dropout: float = 0.0, bias: bool = True):
+        super().__init__()
+        if n_embd % n_head != 0:
+            raise ValueError(f"n_embd={n_embd} must be divisible by n_head={n_head}")
+        self.n_embd, self.n_head, self.head_size = n_embd, n_head, n_embd // n_head
+        self.dropout = dropout
+        # one matmul for Q, K and V together; split afterwards
+        self.qkv_proj = nn.Linear(n_embd, 3 * n_embd, bias=bias)
+        self.out_proj = nn.Linear(n_embd, n_embd, bias=bias)
+        self.resid_dropout = nn.Dropout(dropout)
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        kv_cache: KVCache | None = None,
+        need_weights: bool = False,
+        head_mask: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """x (B, T, C) -> (y (B, T, C), weights (B, n_head, T_q, T_k) or None).
+
+        `kv_cache` appends this step's keys/values and attends over all cached positions.
+        `head_mask` (n_head,) scales each head's output before the heads are concatenated;
+        a 0 removes that head (ablation).
+        """
+        B, T, C = x.size()
+        q, k, v = self.qkv_proj(x).split(self.n_embd, dim=2)
+        # (B, T, C) -> (B, nh, T, hs)
+        q = q.view(B, T, self.n_head, self.head_size).transpose(1, 2)
+        k = k.view(B, T, self.n_head, self.head_size).transpose(1, 2)
+        v = v.view(B, T, self.n_head, self.head_size).transpose(1, 2)
+        if kv_cache is not None:
+            k, v = kv_cache.append(k, v)  # (B, nh, T_k, hs), T_k >= T
+        t_k = k.size(2)
+        dropout_p = self.dropout if self.training else 0.0
+
+        if need_weights:
+            y, weights = scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=dropout_p)
+        else:
+            weights = None
+            if T == t_k:
+                y = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=True)
+            elif T == 1:  # one new token sees every cached position: nothing to mask
+                y = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p)
+            else:
+                # the fused kernel's is_causal aligns queries to the first keys, not the last
+                visible = ~causal_mask(T, t_k, q.device)
+                y = F.scaled_dot_product_attention(q, k, v, attn_mask=visible, dropout_p=dropout_p)
+
+        if head_mask is not None:
+            y = y * head_mask.view(1, self.n_head, 1, 1).to(y.dtype)
+        y = y.transpose(1, 2).contiguous().view(B, T, C)  # concatenate heads: (B, T, nh*hs)
+        y = self.resid_dropout(self.out_proj(y))
+        return y, weights

@@ -1,0 +1,1 @@
+"""Thin Hydra entry points behind the tinylm-* console scripts."""

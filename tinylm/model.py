@@ -1,0 +1,194 @@
+"""The tinylm causal Transformer language model (GPT-2 style, pre-norm).
+
+Reads top-down: config -> MLP -> Block -> TinyLM. The attention it is built on lives in
+tinylm/attention.py.
+
+    from tinylm.model import ModelConfig, TinyLM
+    model = TinyLM(ModelConfig(vocab_size=256, block_size=64, n_layer=2, n_head=4, n_embd=64))
+    logits, loss, attentions = model(idx, targets, return_attention=True)
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+from typing import NamedTuple
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from tinylm.attention import KVCache, MultiHeadAttention
+
+
+@dataclass
+class ModelConfig:
+    """Shape of the model; mirrors conf/model/*.yaml."""
+
+    vocab_size: int | None = None  # None: taken from the tokenizer when training starts
+    block_size: int = 128  # longest context, in tokens
+    n_layer: int = 4
+    n_head: int = 4
+    n_embd: int = 128
+    dropout: float = 0.0
+    bias: bool = False  # biases in Linear and LayerNorm layers
+
+    def __post_init__(self):
+        for name in ("block_size", "n_layer", "n_head", "n_embd"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"model.{name}={value!r} is not allowed: must be an integer >= 1")
+        if self.vocab_size is not None and (not isinstance(self.vocab_size, int)
+                                            or self.vocab_size < 1):
+            raise ValueError(f"model.vocab_size={self.vocab_size!r} is not allowed: "
+                             "must be an integer >= 1, or null to take it from the tokenizer")
+        if self.n_embd % self.n_head != 0:
+            raise ValueError(f"model.n_embd={self.n_embd} is not allowed: must be divisible by "
+                             f"model.n_head={self.n_head}")
+        if not 0.0 <= self.dropout < 1.0:
+            raise ValueError(f"model.dropout={self.dropout!r} is not allowed: must be in [0, 1)")
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+class LMOutput(NamedTuple):
+    """What TinyLM.forward returns; unpacks as `logits, loss, attentions`."""
+
+    logits: torch.Tensor  # (B, T, vocab_size)
+    loss: torch.Tensor | None  # mean cross-entropy, only when targets are given
+    attentions: list[torch.Tensor] | None  # per layer (B, n_head, T_q, T_k), when asked
+
+
+class MLP(nn.Module):
+    """Position-wise feed-forward: expand 4x, GELU, project back."""
+
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        self.fc = nn.Linear(config.n_embd, 4 * config.n_embd, bias=config.bias)
+        self.proj = nn.Linear(4 * config.n_embd, config.n_embd, bias=config.bias)
+        self.dropout = nn.Dropout(config.dropout)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.dropout(self.proj(F.gelu(self.fc(x))))
+
+
+class Block(nn.Module):
+    """Pre-norm Transformer block: x + attn(ln(x)), then x + mlp(ln(x))."""
+
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        self.ln_1 = nn.LayerNorm(config.n_embd, bias=config.bias)
+        self.attn = MultiHeadAttention(config.n_embd, config.n_head, config.dropout, config.bias)
+        self.ln_2 = nn.LayerNorm(config.n_embd, bias=config.bias)
+        self.mlp = MLP(config)
+
+    def forward(self, x, kv_cache=None, need_weights=False, head_mask=None):
+        attn_out, weights = self.attn(self.ln_1(x), kv_cache, need_weights, head_mask)
+        x = x + attn_out
+        x = x + self.mlp(self.ln_2(x))
+        return x, weights
+
+
+class TinyLM(nn.Module):
+    """Token + position embeddings, n_layer blocks, final norm, LM head tied to the embedding."""
+
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        if config.vocab_size is None:
+            raise ValueError("model.vocab_size is unset: build the tokenizer first and set it")
+        self.config = config
+        self.wte = nn.Embedding(config.vocab_size, config.n_embd)  # token embeddings
+        self.wpe = nn.Embedding(config.block_size, config.n_embd)  # position embeddings
+        self.drop = nn.Dropout(config.dropout)
+        self.blocks = nn.ModuleList([Block(config) for _ in range(config.n_layer)])
+        self.ln_f = nn.LayerNorm(config.n_embd, bias=config.bias)
+        self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
+        # Weight tying: reading a token in and writing it out share one matrix (fewer
+        # parameters, and it trains better at this size).
+        self.lm_head.weight = self.wte.weight
+
+        self.apply(self._init_weights)
+        # GPT-2: scale the projections that write into the residual stream by 1/sqrt(2 * n_layer),
+        # since 2 of them per block add up along the depth.
+        for name, param in self.named_parameters():
+            if name.endswith("attn.out_proj.weight") or name.endswith("mlp.proj.weight"):
+                nn.init.normal_(param, mean=0.0, std=0.02 / math.sqrt(2 * config.n_layer))
+
+    @staticmethod
+    def _init_weights(module: nn.Module) -> None:
+        if isinstance(module, nn.Linear):
+            nn.init.normal_(module.weight, mean=0.0, std=0.02)
+            if module.bias is not None:
+                nn.init.zeros_(module.bias)
+        elif isinstance(module, nn.Embedding):
+            nn.init.normal_(module.weight, mean=0.0, std=0.02)
+
+    def num_params(self, non_embedding: bool = True) -> int:
+        """Parameter count; by default without the position embeddings (the token embedding
+        is shared with the LM head, so it counts as compute)."""
+        n = sum(p.numel() for p in self.parameters())
+        if non_embedding:
+            n -= self.wpe.weight.numel()
+        return n
+
+    def flops_per_token(self, seq_len: int | None = None) -> float:
+        """Training FLOPs (forward + backward) per token at context `seq_len` (default block_size).
+
+        6 per parameter (2 forward, 4 backward) plus attention's q·kᵀ and weights·v, which do not
+        show in the parameter count: 2 matmuls x 2 FLOPs x 3 (fwd+bwd) = 12 per layer, head dim
+        and key position. Counts every key (the causal half is not subtracted), as in the PaLM
+        appendix, so MFU figures stay comparable with nanoGPT's.
+        """
+        c = self.config
+        t = seq_len or c.block_size
+        return 6 * self.num_params() + 12 * c.n_layer * c.n_embd * t
+
+    def new_kv_cache(self, batch_size: int, max_len: int | None = None) -> list[KVCache]:
+        """One empty KVCache per layer, on the model's device and dtype."""
+        c, p = self.config, self.wte.weight
+        return [KVCache(batch_size, c.n_head, max_len or c.block_size, c.n_embd // c.n_head,
+                        dtype=p.dtype, device=p.device) for _ in range(c.n_layer)]
+
+    def forward(
+        self,
+        idx: torch.Tensor,
+        targets: torch.Tensor | None = None,
+        kv_cache: list[KVCache] | None = None,
+        return_attention: bool = False,
+        head_mask: torch.Tensor | None = None,
+    ) -> LMOutput:
+        """idx (B, T) token ids -> LMOutput(logits (B, T, V), loss, attentions).
+
+        targets (B, T): next-token ids; -1 positions are ignored in the loss.
+        kv_cache: from new_kv_cache(); idx then holds only the tokens not yet cached.
+        return_attention: also return every layer's weights, (B, n_head, T, T_k) each.
+        head_mask (n_layer, n_head): multiplies each head's output; 0 ablates that head.
+        """
+        B, T = idx.size()
+        start = kv_cache[0].length if kv_cache is not None else 0
+        if start + T > self.config.block_size:
+            raise ValueError(
+                f"sequence of {start + T} tokens is longer than block_size="
+                f"{self.config.block_size}; crop it to the last {self.config.block_size} tokens")
+        pos = torch.arange(start, start + T, device=idx.device)  # (T,)
+        x = self.drop(self.wte(idx) + self.wpe(pos))  # (B, T, C)
+
+        attentions = [] if return_attention else None
+        for i, block in enumerate(self.blocks):
+            x, weights = block(
+                x,
+                kv_cache=kv_cache[i] if kv_cache is not None else None,
+                need_weights=return_attention,
+                head_mask=head_mask[i] if head_mask is not None else None,
+            )
+            if return_attention:
+                attentions.append(weights)
+        x = self.ln_f(x)
+        logits = self.lm_head(x)  # (B, T, vocab_size)
+
+        loss = None
+        if targets is not None:
+            loss = F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.reshape(-1),
+                                   ignore_index=-1)
+        return LMOutput(logits, loss, attentions)
