@@ -40,7 +40,7 @@ def test_worked_example_intermediate_steps():
 
 def test_causal_mask_is_strictly_upper_triangular():
     mask = causal_mask(4, 4)
-    expected = torch.tensor([[0, 1, 1, 1], [0, 0, 1, 1], [0, 0, 0, 1], [0, 0, 0, 0]], dtype=torch.bool)
+    expected = torch.tensor([[0, 1, 1, 1], [0, 0, 1, 1], [0, 0, 0, 1], [0, 0, 0, 0]]).bool()
     assert torch.equal(mask, expected)
 
 
@@ -149,7 +149,7 @@ def test_head_mask_zero_removes_exactly_that_head():
     without_head_1, _ = mha(x, head_mask=torch.tensor([1.0, 0.0, 1.0, 1.0]))
     plain, _ = mha(x)
     assert torch.allclose(keep_all, plain)
-    # removing head 1 subtracts its contribution: its slice of the output projection times its output
+    # removing head 1 subtracts its contribution: its output times its slice of out_proj
     _, weights = mha(x, need_weights=True)
     v = mha.qkv_proj(x)[..., 64:].view(1, 5, 4, 8).transpose(1, 2)
     head_1 = (weights[:, 1] @ v[:, 1]) @ mha.out_proj.weight[:, 8:16].T

@@ -83,7 +83,8 @@ def test_kv_cache_decoding_matches_full_forward_token_by_token(return_attention)
     cache = model.new_kv_cache(batch_size=2)
     steps = [model(idx[:, :5], kv_cache=cache, return_attention=return_attention).logits]
     for t in range(5, 14):
-        steps.append(model(idx[:, t:t + 1], kv_cache=cache, return_attention=return_attention).logits)
+        out = model(idx[:, t:t + 1], kv_cache=cache, return_attention=return_attention)
+        steps.append(out.logits)
     assert (torch.cat(steps, dim=1) - full).abs().max() <= 1e-5
 
 
@@ -111,7 +112,8 @@ def test_residual_projections_get_the_smaller_gpt2_init():
 def test_parameter_count_and_flops_per_token():
     model = tiny_model(bias=False)
     c = model.config
-    per_block = 4 * c.n_embd * c.n_embd + 8 * c.n_embd * c.n_embd + 2 * c.n_embd  # attn, mlp, 2 norms
+    # attention (qkv + out), MLP (4x up + down), two LayerNorm weights
+    per_block = 4 * c.n_embd * c.n_embd + 8 * c.n_embd * c.n_embd + 2 * c.n_embd
     expected = c.vocab_size * c.n_embd + c.n_layer * per_block + c.n_embd  # + final norm
     assert model.num_params() == expected
     assert model.num_params(non_embedding=False) == expected + c.block_size * c.n_embd

@@ -129,7 +129,7 @@ def save_checkpoint(
 
 
 def resolve_checkpoint_dir(path: str | Path, prefer: str = "best") -> Path:
-    """Find the checkpoint directory meant by `path`: a run dir, its checkpoints/, or one checkpoint.
+    """The checkpoint directory meant by `path`: a run dir, its checkpoints/, or one checkpoint.
 
     Within a run, `prefer` ("best" or "last") is taken when it exists, else the other tag.
     """
@@ -137,7 +137,8 @@ def resolve_checkpoint_dir(path: str | Path, prefer: str = "best") -> Path:
     if not path.exists():
         raise FileNotFoundError(f"checkpoint path {path} does not exist")
     if (path / WEIGHTS_FILE).exists() or (path / MODEL_CONFIG_FILE).exists():
-        return path
+        # through a `last`/`best` link, read the step directory itself: the link may move on
+        return path.resolve()
     order = [prefer] + [t for t in TAGS if t != prefer]
     for base in (path, path / CHECKPOINTS_DIR):
         for tag in order:
@@ -176,8 +177,9 @@ def load_checkpoint(path: str | Path, device: str | torch.device = "cpu",
     try:
         load_model(model, str(weights), strict=True)
     except (SafetensorError, RuntimeError, OSError) as err:
-        raise ValueError(f"{weights} cannot be loaded into a model of {directory / MODEL_CONFIG_FILE}"
-                         f" (truncated or mismatched?): {err}") from err
+        raise ValueError(f"{weights} cannot be loaded into the model that "
+                         f"{directory / MODEL_CONFIG_FILE} describes (truncated or mismatched?):"
+                         f" {err}") from err
 
     tokenizer_file = directory / TOKENIZER_FILE
     if not tokenizer_file.is_file():

@@ -25,8 +25,8 @@ def config_dir() -> Path:
         if (candidate / "config.yaml").is_file():
             return candidate
     raise FileNotFoundError(
-        f"tinylm's configs were not found in {PACKAGE_DIR / 'conf'} or {PACKAGE_DIR.parent / 'conf'};"
-        " reinstall tinylm (pip install -e . from a checkout)")
+        f"tinylm's configs were not found in {PACKAGE_DIR / 'conf'} or "
+        f"{PACKAGE_DIR.parent / 'conf'}; reinstall tinylm (pip install -e . from a checkout)")
 
 
 def project_root() -> Path | None:

@@ -1,0 +1,138 @@
+"""Tokenizers: training, exact round-trips, character offsets, labels, save/load, bad configs."""
+
+import json
+
+import pytest
+from tokenizers import pre_tokenizers
+
+from tinylm.tokenizer import (
+    EOT,
+    BPETokenizer,
+    CharTokenizer,
+    TokenizerConfig,
+    _byte_symbols,
+    load_tokenizer,
+    train_tokenizer,
+)
+
+CORPUS = [
+    "Once upon a time, there was a little cat named Tom. He liked to play in the sun.",
+    "One day, Lily found a red ball. She gave it to her mom, and they played together.",
+    "The dog barked at the bird. It flew away, and the dog was sad.",
+] * 20
+
+HARD_TEXTS = [
+    "plain ASCII, with  two spaces and a tab\tand\nnew lines\n\n",
+    "accents: café, naïve, Ærøskøbing, ñandú",
+    "emoji: 😀👍🏽 🐈‍⬛",
+    "CJK: 日本語のテキスト, 中文, 한국어",
+    f"mixed{EOT}after the end of text",
+    "",
+]
+
+
+@pytest.fixture(scope="module")
+def bpe():
+    return train_tokenizer(TokenizerConfig(name="bpe", vocab_size=300), CORPUS)
+
+
+@pytest.fixture(scope="module")
+def char():
+    return train_tokenizer(TokenizerConfig(name="char", vocab_size=None), CORPUS)
+
+
+def test_bpe_trains_to_the_asked_vocab_size_with_endoftext(bpe):
+    assert isinstance(bpe, BPETokenizer)
+    assert bpe.vocab_size == 300
+    assert bpe.token_strings([bpe.eot_id]) == [EOT]
+    assert bpe.encode(EOT) == [bpe.eot_id]
+    # merges were learned: a common word is fewer tokens than bytes
+    assert len(bpe.encode(" the")) < len(" the")
+
+
+@pytest.mark.parametrize("text", HARD_TEXTS)
+def test_bpe_round_trips_any_text(bpe, text):
+    assert bpe.decode(bpe.encode(text)) == text
+
+
+def test_bpe_offsets_and_labels_describe_the_text(bpe):
+    text = "The cat sat. It purred, café 😀!"
+    ids, offsets = bpe.encode_with_offsets(text)
+    assert len(ids) == len(offsets)
+    # Spans tile the text in order; a character split over several byte tokens repeats its span.
+    pieces = []
+    for start, end in offsets:
+        if not pieces or (start, end) != pieces[-1]:
+            pieces.append((start, end))
+    assert "".join(text[s:e] for s, e in pieces) == text
+    labels = bpe.token_strings(ids)
+    # A token holding whole characters is labelled with exactly its text; the bytes of a split
+    # multi-byte character (é's 2, the emoji's 4) show as escapes such as '\xf0', not as '�'.
+    for label, span in zip(labels, offsets, strict=True):
+        if offsets.count(span) == 1:
+            assert label == text[slice(*span)]
+        else:
+            assert label.startswith("\\x") and len(text[slice(*span)].encode()) > 1
+    assert any(label.startswith(" ") and len(label) > 1 for label in labels)  # ' s', not 'Ġs'
+
+
+def test_byte_symbol_table_matches_the_byte_level_alphabet():
+    table = _byte_symbols()
+    assert set(table) == set(pre_tokenizers.ByteLevel.alphabet())
+    assert sorted(table.values()) == list(range(256))
+    assert table["Ġ"] == ord(" ") and table["Ċ"] == ord("\n")
+
+
+def test_char_tokenizer_round_trips_with_offsets_and_endoftext(char):
+    assert isinstance(char, CharTokenizer)
+    assert char.chars == sorted(set("".join(CORPUS)))
+    assert char.vocab_size == len(char.chars) + 1 and char.eot_id == len(char.chars)
+    text = f"Tom sat.{EOT}Lily ran."
+    ids, offsets = char.encode_with_offsets(text)
+    assert char.decode(ids) == text
+    assert ids.count(char.eot_id) == 1
+    eot_at = ids.index(char.eot_id)
+    assert text[slice(*offsets[eot_at])] == EOT
+    assert all(text[s:e] == lab for (s, e), lab in zip(offsets, char.token_strings(ids),
+                                                       strict=True))
+
+
+def test_char_tokenizer_names_a_character_it_does_not_know(char):
+    with pytest.raises(ValueError, match=r"'é' \(U\+00E9\) at position 3 .*tokenizer=bpe"):
+        char.encode("caf\u00e9")
+
+
+@pytest.mark.parametrize("kind", ["bpe", "char"])
+def test_save_and_load_give_the_same_tokenizer(kind, bpe, char, tmp_path):
+    tok = {"bpe": bpe, "char": char}[kind]
+    path = tmp_path / "tokenizer.json"
+    tok.save(path)
+    loaded = load_tokenizer(path)
+    assert type(loaded) is type(tok)
+    assert (loaded.vocab_size, loaded.eot_id) == (tok.vocab_size, tok.eot_id)
+    text = "Once upon a time, Lily sat." + EOT
+    assert loaded.encode_with_offsets(text) == tok.encode_with_offsets(text)
+
+
+def test_load_tokenizer_refuses_missing_and_foreign_files(tmp_path):
+    with pytest.raises(FileNotFoundError, match="nope.json"):
+        load_tokenizer(tmp_path / "nope.json")
+    bad = tmp_path / "bad.json"
+    bad.write_text("{not json")
+    with pytest.raises(ValueError, match="bad.json is not a tokenizer: invalid JSON"):
+        load_tokenizer(bad)
+    other = tmp_path / "other.json"
+    other.write_text(json.dumps({"hello": 1}))
+    with pytest.raises(ValueError, match="other.json is not a tinylm tokenizer"):
+        load_tokenizer(other)
+
+
+@pytest.mark.parametrize("cfg, message", [
+    (dict(name="bpe", vocab_size=256), r"vocab_size=256 is too small .* at least 257"),
+    (dict(name="bpe", vocab_size=None), r"vocab_size=None is too small"),
+    (dict(name="char", vocab_size=100), r"vocab_size=100 is not allowed for tokenizer=char"),
+    (dict(name="wordpiece"), r"tokenizer.name='wordpiece' is not allowed; allowed: bpe, char"),
+])
+def test_bad_tokenizer_configs_are_refused_by_name(cfg, message):
+    with pytest.raises(ValueError, match=message):
+        TokenizerConfig(**cfg)

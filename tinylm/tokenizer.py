@@ -1,0 +1,259 @@
+"""Tokenizers: byte-level BPE (HF `tokenizers`) and character-level, behind one interface.
+
+Both map text to ids and back, give each token's character span in the text (attention pictures
+label their axes with it) and save to one JSON file that `load_tokenizer` tells apart.
+
+    from tinylm.tokenizer import TokenizerConfig, load_tokenizer, train_tokenizer
+    tok = train_tokenizer(TokenizerConfig(name="bpe", vocab_size=512), ["Once upon a time ..."])
+    ids, offsets = tok.encode_with_offsets("The cat sat. It purred.")
+    tok.token_strings(ids)            # ['The', ' cat', ' sat', '.', ' It', ...]
+    tok.save("tokenizer.json"); tok = load_tokenizer("tokenizer.json")
+
+Corpora are tokenized by `tinylm-prepare` (tinylm/data.py), which trains the tokenizer first.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from abc import ABC, abstractmethod
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+EOT = "<|endoftext|>"  # separates documents in the token stream; the model learns "story over"
+N_BYTES = 256  # byte-level BPE starts from one symbol per byte value
+TOKENIZER_NAMES = ("bpe", "char")
+
+
+@dataclass
+class TokenizerConfig:
+    """Which tokenizer to train; mirrors conf/tokenizer/*.yaml."""
+
+    name: str = "bpe"  # bpe: byte-level BPE | char: one id per distinct character
+    vocab_size: int | None = 4096  # bpe: target size incl. 256 bytes + <|endoftext|>; char: null
+
+    def __post_init__(self):
+        if self.name not in TOKENIZER_NAMES:
+            raise ValueError(f"tokenizer.name={self.name!r} is not allowed; "
+                             f"allowed: {', '.join(TOKENIZER_NAMES)}")
+        if self.name == "char" and self.vocab_size is not None:
+            raise ValueError(f"tokenizer.vocab_size={self.vocab_size!r} is not allowed for "
+                             "tokenizer=char: its vocabulary is the corpus's characters; "
+                             "leave it null")
+        if self.name == "bpe":
+            smallest = N_BYTES + 1
+            if (not isinstance(self.vocab_size, int) or isinstance(self.vocab_size, bool)
+                    or self.vocab_size < smallest):
+                raise ValueError(f"tokenizer.vocab_size={self.vocab_size!r} is too small for "
+                                 f"byte-level BPE: it needs at least {smallest} ({N_BYTES} byte "
+                                 f"symbols + the special token {EOT})")
+
+
+class Tokenizer(ABC):
+    """What every tinylm tokenizer offers; `eot_id` is the id of <|endoftext|>."""
+
+    eot_id: int
+
+    @property
+    @abstractmethod
+    def vocab_size(self) -> int:
+        """Number of ids; the model's embedding has this many rows."""
+
+    @abstractmethod
+    def encode_with_offsets(self, text: str) -> tuple[list[int], list[tuple[int, int]]]:
+        """Ids and, per id, its (start, end) character span in `text`."""
+
+    @abstractmethod
+    def decode(self, ids: Iterable[int]) -> str:
+        """Text of `ids`; decode(encode(text)) == text."""
+
+    @abstractmethod
+    def token_strings(self, ids: Iterable[int]) -> list[str]:
+        """A readable label per id (its text, whitespace kept), for plot axes."""
+
+    @abstractmethod
+    def save(self, path: str | Path) -> None:
+        """Write the tokenizer to one JSON file (callers name it tokenizer.json)."""
+
+    def encode(self, text: str) -> list[int]:
+        """Ids of `text`; the literal string <|endoftext|> becomes eot_id."""
+        return self.encode_with_offsets(text)[0]
+
+    def encode_batch(self, texts: list[str]) -> list[list[int]]:
+        """encode() over many texts (BPE does them in parallel)."""
+        return [self.encode(text) for text in texts]
+
+
+def _byte_symbols() -> dict[str, int]:
+    """Byte-level BPE's printable stand-in character for each byte value (the GPT-2 table).
+
+    Bytes that print as themselves keep their character; the others (controls, space, ...) are
+    shifted to 256 + n, which is why a space shows up as 'Ġ' and a newline as 'Ċ' in vocabularies.
+    """
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1),
+                 *range(ord("®"), ord("ÿ") + 1)]
+    table = {chr(b): b for b in printable}
+    shifted = 0
+    for b in range(N_BYTES):
+        if b not in printable:
+            table[chr(N_BYTES + shifted)] = b
+            shifted += 1
+    return table
+
+
+class BPETokenizer(Tokenizer):
+    """Byte-level BPE (HF tokenizers): any text encodes, no unknown tokens, exact round-trip."""
+
+    def __init__(self, hf_tokenizer):
+        self.hf = hf_tokenizer
+        eot_id = hf_tokenizer.token_to_id(EOT)
+        if eot_id is None:
+            raise ValueError(f"this BPE tokenizer has no {EOT} token; tinylm needs it")
+        self.eot_id = eot_id
+        self._bytes_of_symbol = _byte_symbols()
+
+    @classmethod
+    def train(cls, texts: Iterable[str], vocab_size: int, length: int | None = None
+              ) -> BPETokenizer:
+        """Learn merges on `texts` until vocab_size ids (fewer if the texts run out of pairs)."""
+        from tokenizers import Tokenizer as HFTokenizer
+        from tokenizers import decoders, models, pre_tokenizers, trainers
+
+        hf = HFTokenizer(models.BPE())
+        # No normalizer: text must come back exactly as it went in (NFC would change accents).
+        hf.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+        hf.decoder = decoders.ByteLevel()
+        trainer = trainers.BpeTrainer(
+            vocab_size=vocab_size, special_tokens=[EOT],
+            # all 256 bytes from the start, so text never seen in training still encodes
+            initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+            # its progress bars draw on stdout; in a log file they are only blank lines
+            show_progress=sys.stdout.isatty())
+        hf.train_from_iterator(texts, trainer, length=length)
+        return cls(hf)
+
+    @property
+    def vocab_size(self) -> int:
+        return self.hf.get_vocab_size()
+
+    def encode_with_offsets(self, text: str) -> tuple[list[int], list[tuple[int, int]]]:
+        enc = self.hf.encode(text, add_special_tokens=False)
+        # Spans are characters of `text`; tokens holding part of one character (the bytes of an
+        # emoji) each get that character's whole span.
+        return enc.ids, [tuple(span) for span in enc.offsets]
+
+    def encode_batch(self, texts: list[str]) -> list[list[int]]:
+        return [enc.ids for enc in self.hf.encode_batch(texts, add_special_tokens=False)]
+
+    def decode(self, ids: Iterable[int]) -> str:
+        # A cut through a multi-byte character decodes to U+FFFD (bytes.decode errors="replace").
+        return self.hf.decode([int(i) for i in ids], skip_special_tokens=False)
+
+    def token_strings(self, ids: Iterable[int]) -> list[str]:
+        labels = []
+        for token_id in map(int, ids):
+            symbols = self.hf.id_to_token(token_id)
+            if symbols is None:
+                raise ValueError(f"token id {token_id} is outside this tokenizer's "
+                                 f"vocabulary of {self.vocab_size}")
+            if token_id == self.eot_id:
+                labels.append(EOT)
+                continue
+            raw = bytes(self._bytes_of_symbol[s] for s in symbols)
+            # Part of a multi-byte character shows as escapes (e.g. '\xf0\x9f') instead of '�'.
+            labels.append(raw.decode("utf-8", errors="backslashreplace"))
+        return labels
+
+    def save(self, path: str | Path) -> None:
+        self.hf.save(str(path))
+
+
+class CharTokenizer(Tokenizer):
+    """One id per corpus character (sorted, as nanoGPT's shakespeare_char), then <|endoftext|>."""
+
+    def __init__(self, chars: list[str]):
+        self.chars = list(chars)
+        self.stoi = {ch: i for i, ch in enumerate(self.chars)}
+        self.eot_id = len(self.chars)
+
+    @classmethod
+    def train(cls, texts: Iterable[str]) -> CharTokenizer:
+        """Vocabulary = every distinct character in `texts`."""
+        seen: set[str] = set()
+        for text in texts:
+            seen.update(text.replace(EOT, ""))
+        return cls(sorted(seen))
+
+    @property
+    def vocab_size(self) -> int:
+        return len(self.chars) + 1
+
+    def encode_with_offsets(self, text: str) -> tuple[list[int], list[tuple[int, int]]]:
+        ids, offsets = [], []
+        start = 0
+        for i, piece in enumerate(text.split(EOT)):
+            if i > 0:  # an <|endoftext|> stood between this piece and the last
+                ids.append(self.eot_id)
+                offsets.append((start - len(EOT), start))
+            try:
+                ids.extend(self.stoi[ch] for ch in piece)
+            except KeyError as err:
+                at = start + piece.index(err.args[0])
+                raise ValueError(
+                    f"character {err.args[0]!r} (U+{ord(err.args[0]):04X}) at position {at} is not "
+                    f"in the char tokenizer's vocabulary of {len(self.chars)} characters (built "
+                    "from the training corpus); tokenizer=bpe encodes any text") from None
+            offsets.extend((start + j, start + j + 1) for j in range(len(piece)))
+            start += len(piece) + len(EOT)
+        return ids, offsets
+
+    def decode(self, ids: Iterable[int]) -> str:
+        return "".join(self.token_strings(ids))
+
+    def token_strings(self, ids: Iterable[int]) -> list[str]:
+        labels = []
+        for token_id in map(int, ids):
+            if token_id == self.eot_id:
+                labels.append(EOT)
+            elif 0 <= token_id < self.eot_id:
+                labels.append(self.chars[token_id])
+            else:
+                raise ValueError(f"token id {token_id} is outside this tokenizer's "
+                                 f"vocabulary of {self.vocab_size}")
+        return labels
+
+    def save(self, path: str | Path) -> None:
+        data = {"kind": "tinylm-char", "version": 1, "eot": EOT, "chars": self.chars}
+        Path(path).write_text(json.dumps(data, ensure_ascii=False), encoding="utf-8")
+
+
+def train_tokenizer(cfg: TokenizerConfig, texts: Iterable[str], length: int | None = None
+                    ) -> Tokenizer:
+    """Train the tokenizer `cfg` names on `texts` (`length`: how many, for the progress bar)."""
+    if cfg.name == "char":
+        return CharTokenizer.train(texts)
+    return BPETokenizer.train(texts, cfg.vocab_size, length=length)
+
+
+def load_tokenizer(path: str | Path) -> Tokenizer:
+    """Load a tokenizer.json written by either tokenizer; the file says which kind it is."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"tokenizer file {path} does not exist")
+    text = path.read_text(encoding="utf-8")
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as err:
+        raise ValueError(f"{path} is not a tokenizer: invalid JSON ({err})") from None
+    if isinstance(data, dict) and data.get("kind") == "tinylm-char":
+        if not isinstance(data.get("chars"), list):
+            raise ValueError(f"{path} is a char tokenizer without its \"chars\" list")
+        return CharTokenizer(data["chars"])
+    if isinstance(data, dict) and isinstance(data.get("model"), dict) \
+            and data["model"].get("type") == "BPE":
+        from tokenizers import Tokenizer as HFTokenizer
+
+        return BPETokenizer(HFTokenizer.from_str(text))
+    raise ValueError(f"{path} is not a tinylm tokenizer: expected a char tokenizer "
+                     "(\"kind\": \"tinylm-char\") or an HF tokenizers BPE file")
