@@ -156,6 +156,12 @@ class MultiHeadAttention(nn.Module):
         self.out_proj = nn.Linear(n_embd, n_embd, bias=bias)
         self.resid_dropout = nn.Dropout(dropout)
 
+    def project_heads(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """x (B, T, C) -> each head's q, k, v, (B, nh, T, hs) each."""
+        B, T, C = x.size()
+        q, k, v = self.qkv_proj(x).split(self.n_embd, dim=2)  # (B, T, C) each
+        return tuple(t.view(B, T, self.n_head, self.head_size).transpose(1, 2) for t in (q, k, v))
+
     def forward(
         self,
         x: torch.Tensor,
@@ -170,11 +176,7 @@ class MultiHeadAttention(nn.Module):
         a 0 removes that head (ablation).
         """
         B, T, C = x.size()
-        q, k, v = self.qkv_proj(x).split(self.n_embd, dim=2)
-        # (B, T, C) -> (B, nh, T, hs)
-        q = q.view(B, T, self.n_head, self.head_size).transpose(1, 2)
-        k = k.view(B, T, self.n_head, self.head_size).transpose(1, 2)
-        v = v.view(B, T, self.n_head, self.head_size).transpose(1, 2)
+        q, k, v = self.project_heads(x)  # (B, nh, T, hs) each
         if kv_cache is not None:
             k, v = kv_cache.append(k, v)  # (B, nh, T_k, hs), T_k >= T
         t_k = k.size(2)
@@ -184,6 +186,11 @@ class MultiHeadAttention(nn.Module):
             y, weights = scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=dropout_p)
         else:
             weights = None
+            dtype = q.dtype
+            if q.device.type == "cpu" and dtype == torch.bfloat16:
+                # PyTorch's fused CPU kernel is about 2.5x slower in bf16 than in fp32 (torch
+                # 2.13, forward + backward; docs/benchmarks.md), so bf16 on the CPU attends in fp32
+                q, k, v = q.float(), k.float(), v.float()
             if T == t_k:
                 y = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=True)
             elif T == 1:  # one new token sees every cached position: nothing to mask
@@ -192,6 +199,7 @@ class MultiHeadAttention(nn.Module):
                 # the fused kernel's is_causal aligns queries to the first keys, not the last
                 visible = ~causal_mask(T, t_k, q.device)
                 y = F.scaled_dot_product_attention(q, k, v, attn_mask=visible, dropout_p=dropout_p)
+            y = y.to(dtype)
 
         if head_mask is not None:
             y = y * head_mask.view(1, self.n_head, 1, 1).to(y.dtype)

@@ -1,0 +1,237 @@
+"""tinylm-explain: the walkthrough's numbers, its modes, its errors and its command line."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from tinylm.attention import MultiHeadAttention
+from tinylm.checkpoint import save_checkpoint
+from tinylm.explain import (
+    ExplainConfig,
+    example_attention,
+    explain,
+    explain_model_head,
+    model_head_steps,
+    multi_head_walk,
+)
+from tinylm.model import ModelConfig, TinyLM
+from tinylm.tokenizer import BPETokenizer
+
+ROOT = Path(__file__).resolve().parents[1]
+STORY = "Lily saw a cat. She smiled at the cat. The cat ran to Lily. She laughed."
+
+
+def table(text: str, title: str) -> list[list[str]]:
+    """The cells of the table whose title starts with `title`, one list per row (label first).
+
+    Tables set side by side are read by column position, so this only looks at the slice of
+    each line under the title.
+    """
+    lines = text.splitlines()
+    n = next((n for n, line in enumerate(lines) if title in line), None)
+    assert n is not None, f"no table titled {title!r} in:\n{text}"
+    line = lines[n]
+    start = line.find(title)
+    end = line.find("    ", start + len(title))  # the next table to the right, if any
+    rows = []
+    for row in lines[n + 2:]:
+        cells = row[max(0, start - 2):end if end > 0 else None].replace(">", " ").split()
+        if not cells:
+            break
+        rows.append(cells)
+    return rows
+
+
+def floats(cells: list[str]) -> list[float]:
+    return [float(c) for c in cells]
+
+
+def test_default_walkthrough_matches_the_explainers_numbers():
+    text = explain(ExplainConfig())
+
+    # the explainer's first query [1, 0]: scaled scores, weights and output, to 3 decimals
+    assert [round(x, 3) for x in floats(table(text, "2. Scaled")[0][1:])] == [0.707, 0.0, 0.707]
+    assert [round(x, 3) for x in floats(table(text, "5. Weights")[0][1:])] == [0.401, 0.198, 0.401]
+    assert [round(x, 3) for x in floats(table(text, "6. Output")[0][1:])] == [0.802, 0.797]
+    # its exponentials without the max subtracted, and their sum
+    raw = re.search(r"exponentials are ([\d.]+), ([\d.]+), ([\d.]+),\s+sum ([\d.]+)", text)
+    assert [round(float(x), 3) for x in raw.groups()] == [2.028, 1.0, 2.028, 5.056]
+    # the weighted sum spelled out as in the explainer
+    assert "output d0 = 0.4011·1 + 0.1978·0 + 0.4011·1 = 0.8022" in text
+    assert "output d1 = 0.4011·0 + 0.1978·2 + 0.4011·1 = 0.7967" in text
+    # every row's weights sum to 1
+    for row in table(text, "5. Weights"):
+        assert sum(floats(row[1:])) == pytest.approx(1.0, abs=2e-4)
+
+
+def test_causal_variant_has_zero_weights_above_the_diagonal():
+    torch.manual_seed(0)
+    q = torch.randn(4, 3).round(decimals=2).tolist()
+    text = explain(ExplainConfig(q=q, causal=True, query=2))
+
+    mask = table(text, "Causal mask")
+    weights = [floats(row[1:]) for row in table(text, "5. Weights")]
+    masked = [row[1:] for row in table(text, "Masked scores")]
+    for i in range(4):
+        for j in range(4):
+            assert (mask[i][1 + j] == "hide") == (j > i)
+            if j > i:
+                assert weights[i][j] == 0.0 and masked[i][j] == "-inf"
+            else:
+                assert masked[i][j] != "-inf"
+    assert weights[0][0] == 1.0  # the first token can only look at itself
+    # the comparison with the unmasked output: the last row sees every key, so it is unchanged
+    change = table(text, "How the mask changes")
+    assert change[-1][1:4] == change[-1][4:7]
+    assert change[0][-1] == "k0"
+
+
+def test_multi_head_walkthrough_equals_multi_head_attention():
+    torch.manual_seed(0)
+    attn = MultiHeadAttention(n_embd=8, n_head=2, bias=True).eval()
+    x = torch.randn(5, 8)
+    walk = multi_head_walk(attn, x)
+    with torch.no_grad():
+        y, weights = attn(x[None], need_weights=True)
+    torch.testing.assert_close(walk.output, y[0])
+    torch.testing.assert_close(walk.steps.weights, weights[0])
+    # the concatenation really is the heads' outputs side by side
+    torch.testing.assert_close(walk.concat[:, 4:], walk.steps.output[1])
+
+
+def test_multi_head_mode_prints_each_head_and_checks_itself():
+    text = explain(ExplainConfig(n_head=2, x=[[1, 0, 0, 1], [0, 1, 1, 0], [1, 1, 0, 0]]))
+    assert "--- head 0 ---" in text and "--- head 1 ---" in text
+    assert "Concatenated heads" in text and "out_proj" in text
+    assert re.search(r"same output \(max difference 0\.0e\+00\)", text)
+    # each head's weights are causal too, as MultiHeadAttention's always are
+    attn, _ = example_attention(4, 2, seed=0)
+    walk = multi_head_walk(attn, torch.tensor([[1.0, 0, 0, 1], [0, 1, 1, 0], [1, 1, 0, 0]]))
+    assert torch.all(walk.steps.weights.triu(diagonal=1) == 0)
+
+
+@pytest.fixture(scope="module")
+def tiny_lm():
+    tokenizer = BPETokenizer.train([STORY] * 20, vocab_size=300)
+    torch.manual_seed(0)
+    config = ModelConfig(vocab_size=tokenizer.vocab_size, block_size=64, n_layer=2, n_head=2,
+                         n_embd=16)
+    return TinyLM(config).eval(), tokenizer
+
+
+def test_checkpoint_head_equals_the_models_own_attention(tiny_lm):
+    model, tokenizer = tiny_lm
+    idx = torch.tensor(tokenizer.encode(STORY))
+    with torch.no_grad():
+        attentions = model(idx[None], return_attention=True).attentions
+    for layer in range(2):
+        for head in range(2):
+            steps, _, _ = model_head_steps(model, idx, layer, head)
+            torch.testing.assert_close(steps.weights, attentions[layer][0, head])
+
+
+def test_checkpoint_mode_follows_the_query_word_and_shortens_long_rows(tiny_lm, tmp_path):
+    model, tokenizer = tiny_lm
+    save_checkpoint(tmp_path, model, tokenizer, run_config={}, step=1)
+    text = explain(ExplainConfig(checkpoint=str(tmp_path), text=STORY, layer=1, head=0,
+                                 query="laughed", top=3))
+    tokens = tokenizer.token_strings(tokenizer.encode(STORY))
+    i = [t.strip() for t in tokens].index("laughed")
+    assert f"The query is token {i} {tokens[i]!r}" in text
+    rows = table(text, f"Query {i} ")
+    assert [row[0] for row in rows].index("sum") == 3  # the 3 largest weights, then the sums
+    assert f"the 3 of {i + 1} visible keys with the largest weights" in text
+    assert re.search(r"same weights \(max difference \d\.\de[-+]\d\d\)", text)
+    diff = float(re.search(r"same weights \(max difference (\S+)\)", text).group(1))
+    assert diff < 1e-6
+
+
+def test_figures_are_written_as_png_and_tensorboard(tmp_path):
+    text = explain(ExplainConfig(causal=True, png=str(tmp_path / "a.png"),
+                                 logdir=str(tmp_path / "tb")))
+    assert (tmp_path / "a.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert list((tmp_path / "tb").glob("events.out.tfevents.*"))
+    assert "Figure written to" in text
+
+
+@pytest.mark.parametrize("cfg, message", [
+    (dict(q=[[1, 0], [0]]), "q is ragged: row 0 has 2 numbers but row 1 has 1"),
+    (dict(q=[[1, 0]], k=[[1, 0, 0]]), "q rows have 2 numbers but k rows have 3"),
+    (dict(q=[[1, 0]], k=[[1, 0], [0, 1]], v=[[1, 0]]), "k has 2 rows (tokens) but v has 1"),
+    (dict(q=[[1, "a"]]), "q[0][1] = 'a' is not allowed: entries must be finite numbers"),
+    (dict(q="1,0"), "q='1,0' is not a list of rows of numbers"),
+    (dict(query=7), "query=7 is out of range: there are 3 queries, so use an index 0..2"),
+    (dict(n_head=3), "d_model=4 is not divisible by n_head=3"),
+    (dict(n_head=2, q=[[1, 0]]), "n_head mode projects Q, K, V from x"),
+    (dict(x=[[1, 0]]), "x and d_model are for multi-head mode; add n_head"),
+    (dict(n_head=2, x=[[1, 0, 1, 0]], d_model=6), "d_model=6 but x rows have 4 numbers"),
+    (dict(n_head=2, query=1), "n_head mode shows every row"),
+    (dict(qkv_file="a.json", q=[[1]]), "either in qkv_file='a.json' or on the command line (q)"),
+    (dict(digits=-1), "digits=-1 is not allowed: must be an integer >= 0"),
+    (dict(checkpoint="run"), "checkpoint mode needs text="),
+])
+def test_bad_inputs_give_clear_errors(cfg, message):
+    with pytest.raises(ValueError) as err:
+        explain(ExplainConfig(**cfg))
+    assert message in str(err.value)
+
+
+@pytest.mark.parametrize("cfg, message", [
+    (dict(query="dog"), "query='dog' is not one of the tokens: 0 'L"),
+    (dict(query=-99), "query=-99 is out of range: there are"),
+    (dict(layer=2), "layer=2 is out of range: the model has 2 layers (0..1)"),
+    (dict(head=5), "head=5 is out of range: the model has 2 heads per layer (0..1)"),
+    (dict(text="Lily " * 100), "but the model reads at most block_size=64"),
+])
+def test_bad_checkpoint_mode_inputs_give_clear_errors(tiny_lm, cfg, message):
+    model, tokenizer = tiny_lm
+    cfg = {"checkpoint": "run", "text": STORY} | cfg
+    with pytest.raises(ValueError) as err:
+        explain_model_head(model, tokenizer, ExplainConfig(**cfg))
+    assert message in str(err.value)
+
+
+def test_qkv_file_is_read_and_checked(tmp_path):
+    good = tmp_path / "qkv.json"
+    good.write_text('{"q": [[1, 0], [0, 1]], "v": [[1, 2], [3, 4]]}')
+    text = explain(ExplainConfig(qkv_file=str(good)))
+    assert "(K = Q: k not given)" in text
+    bad = tmp_path / "qkv.yaml"
+    bad.write_text("q: [[1, 0]]\nw: [[1]]\n")
+    with pytest.raises(ValueError, match="has unknown key w; allowed: q, k, v, x"):
+        explain(ExplainConfig(qkv_file=str(bad)))
+
+
+def test_yaml_defaults_match_the_dataclass():
+    from hydra import compose, initialize_config_dir
+
+    from tinylm.config import config_dir, to_dataclass
+
+    with initialize_config_dir(config_dir=str(config_dir()), version_base="1.3"):
+        cfg = compose(config_name="explain", overrides=["q=[[1,0],[0,1]]", "causal=true"])
+    assert to_dataclass(ExplainConfig, cfg, "explain") == ExplainConfig(q=[[1, 0], [0, 1]],
+                                                                         causal=True)
+
+
+@pytest.mark.slow
+def test_command_line_prints_the_walkthrough_and_writes_no_files(tmp_path):
+    script = str(ROOT / "scripts" / "explain.py")
+    done = subprocess.run([sys.executable, script, "causal=true", "q=[[1,0],[0,1],[1,1]]"],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "Causal scaled dot-product attention" in done.stdout
+    assert "0.3302" in done.stdout  # query 1 under the mask: weights 0.3302, 0.6698
+    assert list(tmp_path.iterdir()) == []  # no outputs/, .hydra/ or log files
+
+    done = subprocess.run([sys.executable, script, "q=[[1,0],[0]]"], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 1
+    assert done.stderr.strip() == ("tinylm-explain: error: q is ragged: row 0 has 2 numbers but "
+                                   "row 1 has 1; every row needs the same count "
+                                   "(e.g. q=[[1,0],[0,1]])")

@@ -1,0 +1,38 @@
+"""tinylm-explain: attention step by step, computed by tinylm's own attention code.
+
+    tinylm-explain                        # the explainer's worked example
+    tinylm-explain causal=true n_head=2   # see tinylm/explain.py for every option
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import hydra
+from omegaconf import DictConfig
+
+from tinylm.config import config_dir
+
+
+@hydra.main(version_base="1.3", config_path=str(config_dir()), config_name="explain")
+def main(cfg: DictConfig) -> None:
+    """Compose conf/explain.yaml, print the walkthrough; bad inputs exit with one clear line."""
+    # the heavy imports (torch) wait until Hydra has parsed the command line, so --help is quick
+    from tinylm.config import to_dataclass
+    from tinylm.explain import ExplainConfig, explain
+
+    try:
+        text = explain(to_dataclass(ExplainConfig, cfg, "explain"))
+    except (ValueError, FileNotFoundError) as err:
+        sys.exit(f"tinylm-explain: error: {err}")
+    # a console that cannot show √ or · gets "?" instead of a crash
+    sys.stdout.reconfigure(errors="replace")
+    try:
+        print(text, flush=True)
+    except BrokenPipeError:  # `tinylm-explain | head` stopped reading: fine, not an error
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+
+
+if __name__ == "__main__":
+    main()

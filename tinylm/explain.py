@@ -1,0 +1,708 @@
+"""Attention, step by step: the explainer's walkthrough, computed live by tinylm.attention.
+
+Every number printed comes from tinylm's own attention code (`attention_steps`,
+`MultiHeadAttention`, a trained `TinyLM`); this module only arranges and labels the numbers.
+
+    tinylm-explain                                   # the explainer's worked example
+    tinylm-explain causal=true                       # ... with the causal mask
+    tinylm-explain 'q=[[1,0],[0,1]]' 'v=[[1,2],[3,4]]'   # your own Q and V (K = Q unless given)
+    tinylm-explain qkv_file=qkv.yaml                 # q, k, v (lists of rows) from JSON or YAML
+    tinylm-explain n_head=2                          # split into heads, concatenate, project
+    tinylm-explain checkpoint=runs/x 'text="Lily saw a cat. She"' layer=1 head=0 query=She
+    tinylm-explain png=attention.png logdir=runs/explain   # the steps as heatmaps too
+"""
+
+from __future__ import annotations
+
+import math
+import textwrap
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import torch
+
+from tinylm.attention import AttentionSteps, MultiHeadAttention, attention_steps
+
+# The explainer's worked example (../shared/docs/attention-explainer.md): 3 tokens, d = 2, Q = K.
+EXAMPLE_Q = [[1.0, 0.0], [0.0, 1.0], [1.0, 1.0]]
+EXAMPLE_V = [[1.0, 0.0], [0.0, 2.0], [1.0, 1.0]]
+QKV_FILE_KEYS = ("q", "k", "v", "x")
+MAX_WIDTH = 100  # tables are set side by side while they fit in this many columns
+
+
+@dataclass
+class ExplainConfig:
+    """What tinylm-explain shows; mirrors conf/explain.yaml."""
+
+    q: list | None = None  # queries: list of rows (T_q, d); default the explainer's example
+    k: list | None = None  # keys (T_k, d); default: K = Q
+    v: list | None = None  # values (T_k, d_v); default: V = K, or the example's V
+    qkv_file: str | None = None  # JSON/YAML mapping with q, k, v (or x for n_head mode)
+    causal: bool = False
+    n_head: int | None = None  # set: multi-head mode (MultiHeadAttention on x)
+    d_model: int | None = None  # multi-head width when x is random (default 4)
+    x: list | None = None  # multi-head input (T, d_model); default seeded random
+    seed: int = 0  # for the random x and projection weights of n_head mode
+    checkpoint: str | None = None  # run dir / checkpoint dir: explain a trained head
+    text: str | None = None
+    layer: int = 0
+    head: int = 0
+    query: int | str | None = None  # row to walk through: index, or a word in checkpoint mode
+    top: int = 8  # checkpoint mode: longer rows are shortened to the `top` largest weights
+    digits: int = 4  # decimals shown
+    png: str | None = None  # write the scores/weights heatmaps here
+    logdir: str | None = None  # ... and/or to TensorBoard in this directory
+
+    def __post_init__(self):
+        for name, low in (("digits", 0), ("top", 1), ("layer", 0), ("head", 0)):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < low:
+                raise ValueError(f"{name}={value!r} is not allowed: must be an integer >= {low}")
+        for name in ("n_head", "d_model"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, int) or isinstance(value, bool)
+                                      or value < 1):
+                raise ValueError(f"{name}={value!r} is not allowed: must be an integer >= 1 "
+                                 "or null")
+        inline = [n for n in QKV_FILE_KEYS if getattr(self, n) is not None]
+        if self.qkv_file is not None and inline:
+            raise ValueError(f"give the matrices either in qkv_file={self.qkv_file!r} or on the "
+                             f"command line ({', '.join(inline)}), not both")
+        if self.checkpoint is not None:
+            extra = inline + [n for n in ("qkv_file", "n_head", "d_model")
+                              if getattr(self, n) is not None]
+            if extra:
+                raise ValueError(f"checkpoint mode takes Q, K, V from the model; drop "
+                                 f"{', '.join(extra)}")
+            if not self.text:
+                raise ValueError('checkpoint mode needs text=..., e.g. '
+                                 '\'text="Lily saw a cat. She"\'')
+
+
+# ----------------------------------------------------------------------------- inputs
+
+
+def to_matrix(name: str, value: Any) -> torch.Tensor:
+    """A list of rows of numbers (or one flat row) -> float tensor (rows, cols); clear errors."""
+    example = f"e.g. {name}=[[1,0],[0,1]]"
+    if isinstance(value, (str, bytes)) or not isinstance(value, Sequence):
+        raise ValueError(f"{name}={value!r} is not a list of rows of numbers ({example})")
+    if len(value) == 0:
+        raise ValueError(f"{name} is empty; give at least one row ({example})")
+    nested = [isinstance(row, Sequence) and not isinstance(row, str) for row in value]
+    if not any(nested):
+        value = [value]  # one flat row: a single query, key or value
+    elif not all(nested):
+        raise ValueError(f"{name} mixes rows and single numbers: {list(value)!r} ({example})")
+    rows = []
+    for i, row in enumerate(value):
+        if len(row) != len(value[0]):
+            raise ValueError(f"{name} is ragged: row 0 has {len(value[0])} numbers but row {i} "
+                             f"has {len(row)}; every row needs the same count ({example})")
+        for j, x in enumerate(row):
+            if isinstance(x, bool) or not isinstance(x, (int, float)) or not math.isfinite(x):
+                raise ValueError(f"{name}[{i}][{j}] = {x!r} is not allowed: entries must be "
+                                 "finite numbers")
+        rows.append([float(x) for x in row])
+    if len(rows[0]) == 0:
+        raise ValueError(f"{name} has rows of 0 numbers ({example})")
+    return torch.tensor(rows)
+
+
+def check_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+    """Raise a clear error unless q (T_q, d), k (T_k, d), v (T_k, d_v) fit together."""
+    if q.size(1) != k.size(1):
+        raise ValueError(f"q rows have {q.size(1)} numbers but k rows have {k.size(1)}: each "
+                         "query is dotted with each key, so q and k need the same width d")
+    if k.size(0) != v.size(0):
+        raise ValueError(f"k has {k.size(0)} rows (tokens) but v has {v.size(0)}: each key needs "
+                         "exactly one value")
+
+
+def read_qkv_file(path: str) -> dict[str, Any]:
+    """Read a JSON or YAML file that maps some of q, k, v, x to lists of rows."""
+    import yaml  # JSON is YAML, so one reader serves both
+
+    file = Path(path)
+    if not file.is_file():
+        raise FileNotFoundError(f"qkv_file={path!r} does not exist")
+    try:
+        data = yaml.safe_load(file.read_text())
+    except yaml.YAMLError as err:
+        raise ValueError(f"qkv_file={path!r} is not valid JSON or YAML: {err}") from err
+    if not isinstance(data, dict) or not data:
+        raise ValueError(f"qkv_file={path!r} must hold a mapping with keys among "
+                         f"{', '.join(QKV_FILE_KEYS)}")
+    unknown = sorted(str(key) for key in data if key not in QKV_FILE_KEYS)
+    if unknown:
+        raise ValueError(f"qkv_file={path!r} has unknown key {', '.join(unknown)}; allowed: "
+                         f"{', '.join(QKV_FILE_KEYS)}")
+    return data
+
+
+def resolve_query(query: int | str | None, labels: Sequence[str], default: int,
+                  what: str = "queries") -> tuple[int, str]:
+    """The row index `query` names (an index, negative from the end, or a token's text).
+
+    Returns (index, note); the note says when a word occurs more than once.
+    """
+    n = len(labels)
+    if query is None:
+        return default % n, ""
+    if isinstance(query, int) and not isinstance(query, bool):
+        if not -n <= query < n:
+            raise ValueError(f"query={query} is out of range: there are {n} {what}, so use an "
+                             f"index 0..{n - 1} (or -{n}..-1 from the end)")
+        return query % n, ""
+    word = str(query).strip()
+    matches = [i for i, label in enumerate(labels) if label.strip() == word]
+    if not matches:  # "she" should still find "She"
+        matches = [i for i, label in enumerate(labels) if label.strip().lower() == word.lower()]
+    if not matches:
+        shown = ", ".join(f"{i} {label!r}" for i, label in enumerate(labels[:40]))
+        more = f", ... ({n} in all)" if n > 40 else ""
+        raise ValueError(f"query={query!r} is not one of the tokens: {shown}{more}; give one of "
+                         f"them or an index 0..{n - 1}")
+    note = (f"{word!r} occurs at {', '.join(map(str, matches))}; showing {matches[0]} "
+            f"(pass query=<index> for another)") if len(matches) > 1 else ""
+    return matches[0], note
+
+
+# ----------------------------------------------------------------------------- computations
+
+
+class MultiHeadWalk(NamedTuple):
+    """Each stage of MultiHeadAttention's forward pass on one sequence x (T, C)."""
+
+    q: torch.Tensor  # (T, C): X·W_qᵀ, all heads side by side
+    k: torch.Tensor
+    v: torch.Tensor
+    steps: AttentionSteps  # per-head steps, (nh, T, T) / output (nh, T, hs)
+    concat: torch.Tensor  # (T, C): the heads' outputs side by side
+    output: torch.Tensor  # (T, C): out_proj(concat)
+
+
+@torch.no_grad()
+def multi_head_walk(attn: MultiHeadAttention, x: torch.Tensor) -> MultiHeadWalk:
+    """Run MultiHeadAttention's stages one by one on x (T, C); causal, as the module always is."""
+    T, C = x.shape
+    q, k, v = attn.project_heads(x[None])  # (1, nh, T, hs) each
+    steps = attention_steps(q[0], k[0], v[0], is_causal=True)  # every head at once
+    concat = steps.output.transpose(0, 1).reshape(T, C)  # (nh, T, hs) -> (T, nh*hs)
+    output = attn.out_proj(concat)
+
+    def joined(t: torch.Tensor) -> torch.Tensor:
+        return t[0].transpose(0, 1).reshape(T, C)
+
+    return MultiHeadWalk(joined(q), joined(k), joined(v), steps, concat, output)
+
+
+def example_attention(d_model: int, n_head: int, seed: int, n_tokens: int = 3
+                      ) -> tuple[MultiHeadAttention, torch.Tensor]:
+    """A small MultiHeadAttention and input x (n_tokens, d_model), seeded, rounded for reading.
+
+    Weights are rounded to 2 decimals and x to 1, so the printed numbers are the ones used.
+    """
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        attn = MultiHeadAttention(d_model, n_head, dropout=0.0, bias=False).eval()
+        x = torch.randn(n_tokens, d_model).round(decimals=1)
+    with torch.no_grad():
+        for param in attn.parameters():
+            param.copy_(param.round(decimals=2))
+    return attn, x
+
+
+@torch.no_grad()
+def model_head_steps(model, idx: torch.Tensor, layer: int, head: int
+                     ) -> tuple[AttentionSteps, torch.Tensor, torch.Tensor]:
+    """One head's attention steps inside a TinyLM on token ids idx (T,).
+
+    Captures the input of blocks[layer].attn (the normed residual stream) during a normal forward
+    pass, recomputes that head with attention_steps, and returns (steps, the head's v (T, hs),
+    the weights the model itself returned for that head (T, T)) so callers can check they agree.
+    """
+    attn = model.blocks[layer].attn
+    captured = []
+    hook = attn.register_forward_pre_hook(lambda module, args: captured.append(args[0]))
+    try:
+        out = model(idx[None], return_attention=True)
+    finally:
+        hook.remove()
+    q, k, v = attn.project_heads(captured[0])  # (1, nh, T, hs)
+    steps = attention_steps(q[0, head], k[0, head], v[0, head], is_causal=True)
+    return steps, v[0, head], out.attentions[layer][0, head]
+
+
+# ----------------------------------------------------------------------------- text tables
+
+
+def _decimals(values: list[float], digits: int) -> int:
+    """Fewest decimals (at most `digits`) that show every finite value as it shows at `digits`."""
+    need = 0
+    for x in values:
+        if math.isfinite(x):
+            target = round(x, digits)
+            while need < digits and round(x, need) != target:
+                need += 1
+    return need
+
+
+def _number(x: float, dec: int) -> str:
+    if math.isinf(x):
+        return "-inf" if x < 0 else "inf"
+    text = f"{x:.{dec}f}"
+    return text.lstrip("-") if float(text) == 0 else text  # no "-0.0000"
+
+
+def vector(values: torch.Tensor | Sequence[float], digits: int) -> str:
+    """A short vector as "[0.8022, 0.7967]", with the fewest decimals (<= digits) it needs."""
+    values = [float(x) for x in values]
+    dec = _decimals(values, digits)
+    return "[" + ", ".join(_number(x, dec) for x in values) + "]"
+
+
+def table(title: str, values: Any, rows: Sequence[str], cols: Sequence[str], digits: int,
+          mark: int | None = None) -> list[str]:
+    """A titled table; numbers share one precision, strings are shown as they are.
+
+    `mark` puts a ">" before that row (the query the walkthrough follows).
+    """
+    cells = [[float(x) if not isinstance(x, str) else x for x in row] for row in
+             (values.tolist() if isinstance(values, torch.Tensor) else values)]
+    dec = _decimals([x for row in cells for x in row if isinstance(x, float)], digits)
+    text = [[x if isinstance(x, str) else _number(x, dec) for x in row] for row in cells]
+    label_width = max(len(r) for r in rows)
+    widths = [max([len(c)] + [len(row[j]) for row in text]) for j, c in enumerate(cols)]
+    header = "".join(f"  {c:>{w}}" for c, w in zip(cols, widths, strict=True))
+    lines = [title, "  " + " " * label_width + header]
+    for i, (label, row) in enumerate(zip(rows, text, strict=True)):
+        lead = "> " if i == mark else "  "
+        lines.append(lead + f"{label:<{label_width}}" +
+                     "".join(f"  {x:>{w}}" for x, w in zip(row, widths, strict=True)))
+    return lines
+
+
+def side_by_side(blocks: Sequence[list[str]], gap: int = 4) -> list[str]:
+    """Blocks of lines next to each other while they fit in MAX_WIDTH, else one under another."""
+    widths = [max(len(line) for line in block) for block in blocks]
+    if sum(widths) + gap * (len(blocks) - 1) > MAX_WIDTH:
+        out = []
+        for block in blocks:
+            out += block + [""]
+        return out[:-1]
+    height = max(len(block) for block in blocks)
+    out = []
+    for i in range(height):
+        parts = [(block[i] if i < len(block) else "").ljust(w) for block, w in
+                 zip(blocks, widths, strict=True)]
+        out.append((" " * gap).join(parts).rstrip())
+    return out
+
+
+def paragraph(text: str, indent: str = "") -> list[str]:
+    """Prose wrapped to MAX_WIDTH columns."""
+    return textwrap.wrap(text, MAX_WIDTH, initial_indent=indent, subsequent_indent=indent)
+
+
+def _labels(prefix: str, n: int) -> list[str]:
+    return [f"{prefix}{i}" for i in range(n)]
+
+
+def steps_tables(steps: AttentionSteps, d: int, q_rows: list[str], k_cols: list[str],
+                 digits: int, mark: int | None, hidden: torch.Tensor | None) -> list[str]:
+    """Every step of attention for all queries (q·k of width d), one labelled table per step."""
+    d_v = steps.output.size(-1)
+    scale = f"√{d} = {math.sqrt(d):.4f}"
+    out_cols = _labels("d", d_v)
+    lines = side_by_side([
+        table("1. Scores S = Q·Kᵀ  (query · key)", steps.scores, q_rows, k_cols, digits, mark),
+        table(f"2. Scaled: S / √d  ({scale})", steps.scaled, q_rows, k_cols, digits, mark),
+    ]) + [""]
+    if hidden is not None:
+        mask = [["hide" if h else "-" for h in row] for row in hidden.tolist()]
+        lines += side_by_side([
+            table("   Causal mask  (hide: key comes after the query)", mask, q_rows, k_cols,
+                  digits, mark),
+            table("   Masked scores: hidden ones set to -inf", steps.masked, q_rows, k_cols,
+                  digits, mark),
+        ]) + [""]
+    shifted = steps.masked - steps.row_max  # what exp() is taken of; -inf stays -inf
+    with_max = torch.cat([steps.row_max, shifted], dim=1)
+    with_sum = torch.cat([steps.exps, steps.exp_sum], dim=1)
+    lines += side_by_side([
+        table("3. Row max subtracted  (no exponent > 0)", with_max, q_rows, ["max"] + k_cols,
+              digits, mark),
+        table("4. Exponentials, and each row's sum", with_sum, q_rows, k_cols + ["sum"], digits,
+              mark),
+    ]) + [""]
+    lines += side_by_side([
+        table("5. Weights = exp / sum  (rows sum to 1)", steps.weights, q_rows, k_cols, digits,
+              mark),
+        table("6. Output = Weights · V", steps.output, q_rows, out_cols, digits, mark),
+    ])
+    return lines
+
+
+def query_walk(steps: AttentionSteps, i: int, v: torch.Tensor, q_label: str,
+               k_labels: Sequence[str], digits: int, top: int | None = None,
+               explainer_note: bool = False) -> list[str]:
+    """Query i's walk through the steps, one row per key it can see (the explainer's view).
+
+    With `top`, only the keys with the largest weights are listed, and the lines say so.
+    """
+    visible = [j for j in range(len(k_labels)) if math.isfinite(float(steps.masked[i, j]))]
+    shown = visible
+    if top is not None and len(visible) > top:
+        best = sorted(visible, key=lambda j: -float(steps.weights[i, j]))[:top]
+        shown = sorted(best)
+    d_v = v.size(1)
+    spell_out = d_v <= 4 and len(shown) <= 6  # weight·value per key still fits on a line
+    cols = ["q·k", "/√d", "-max", "exp", "weight"]
+    rows = []
+    for j in shown:
+        rows.append([float(steps.scores[i, j]), float(steps.scaled[i, j]),
+                     float(steps.masked[i, j] - steps.row_max[i, 0]), float(steps.exps[i, j]),
+                     float(steps.weights[i, j])])
+        if spell_out:
+            rows[-1].append(vector(steps.weights[i, j] * v[j], digits))
+    total = ["", "", "", float(steps.exp_sum[i, 0]), float(steps.weights[i].sum())]
+    if spell_out:
+        cols.append("weight·v")
+        total.append(vector(steps.output[i], digits))
+    key_rows = [k_labels[j] for j in shown] + ["sum"]
+    lines = table(f"Query {q_label}, key by key:", rows + [total], key_rows, cols, digits)
+    if len(shown) < len(visible):
+        rest = 1.0 - float(steps.weights[i, shown].sum())
+        lines.append(f"  (shortened: the {len(shown)} of {len(visible)} visible keys with the "
+                     f"largest weights; the other {len(visible) - len(shown)} carry {rest:.4f})")
+    hidden = len(k_labels) - len(visible)
+    if hidden:
+        lines.append(f"  ({hidden} later key{'s are' if hidden > 1 else ' is'} hidden by the "
+                     "causal mask: weight 0)")
+    if spell_out:
+        for c in range(d_v):
+            terms = " + ".join(f"{float(steps.weights[i, j]):.{min(digits, 4)}f}·"
+                               f"{vector([v[j, c]], digits)[1:-1]}" for j in shown)
+            lines.append(f"  output d{c} = {terms} = {float(steps.output[i, c]):.{digits}f}")
+    else:
+        lines.append(f"  output = {vector(steps.output[i], digits)}" if d_v <= 8 else
+                     f"  output ({d_v} numbers, first 8) = {vector(steps.output[i, :8], digits)}")
+    if explainer_note and float(steps.row_max[i, 0]) != 0:
+        # the explainer takes exp() of the scaled scores directly; e^max cancels in the division
+        raw = steps.exps[i, visible] * steps.row_max[i, 0].exp()
+        lines += paragraph(
+            f"Without subtracting the max (as the explainer does) the exponentials are "
+            f"{vector(raw, digits)[1:-1]}, sum {float(raw.sum()):.{digits}f}: each is "
+            f"e^{float(steps.row_max[i, 0]):.{digits}f} times larger, so the weights are the "
+            "same.", indent="  ")
+    return lines
+
+
+def weights_overview(weights: torch.Tensor, tokens: Sequence[str], digits: int, top: int
+                     ) -> list[str]:
+    """Every query's weights (T, T), labelled with tokens: the full table when it fits in
+    MAX_WIDTH, otherwise each row shortened to its `top` largest weights (and it says so)."""
+    T = weights.size(0)
+    labels = [f"{j} {t!r}" for j, t in enumerate(tokens)]
+    full = table("Weights of every query (rows) over the keys (columns):", weights, labels,
+                 [repr(t) for t in tokens], digits)
+    if max(len(line) for line in full) <= MAX_WIDTH:
+        return full
+    width = max(len(label) for label in labels)
+    lines = [f"Weights of every query, each row shortened to its {top} largest (keys after the "
+             "query have weight 0):"]
+    for i in range(T):
+        row = weights[i, : i + 1]
+        best = row.topk(min(top, i + 1)).indices.tolist()
+        dec = min(digits, 3)
+        entries = "  ".join(f"{j}:{tokens[j]!r} {float(row[j]):.{dec}f}" for j in best)
+        rest = i + 1 - len(best)
+        more = f"  (+{rest} more: {1.0 - float(row[best].sum()):.{dec}f})" if rest else ""
+        lines.append(f"  {labels[i]:<{width}}  {entries}{more}")
+    return lines
+
+
+# ----------------------------------------------------------------------------- the three modes
+
+
+def _blank_hidden(steps: AttentionSteps) -> torch.Tensor:
+    """The weights with hidden (masked) positions as NaN, so figures leave them blank."""
+    return steps.weights.masked_fill(torch.isinf(steps.masked), float("nan"))
+
+
+class Panel(NamedTuple):
+    """One heatmap of a figure: a (T_q, T_k) matrix with its labels; NaN/-inf cells are blank."""
+
+    title: str
+    matrix: torch.Tensor
+    rows: list[str]
+    cols: list[str]
+    weights: bool = False  # colour scale fixed to [0, 1]
+
+
+class Explanation(NamedTuple):
+    """The walkthrough's text, and the heatmaps behind it."""
+
+    text: str
+    title: str
+    panels: list[Panel]
+
+
+def _load_qkv(cfg: ExplainConfig) -> dict[str, Any]:
+    return read_qkv_file(cfg.qkv_file) if cfg.qkv_file else {
+        "q": cfg.q, "k": cfg.k, "v": cfg.v, "x": cfg.x}
+
+
+def explain_qkv(cfg: ExplainConfig) -> Explanation:
+    """Scaled dot-product attention on given Q, K, V (default: the explainer's worked example)."""
+    given = _load_qkv(cfg)
+    if given.get("x") is not None or cfg.d_model is not None:
+        raise ValueError("x and d_model are for multi-head mode; add n_head=<heads>")
+    if given.get("q") is None:
+        if given.get("k") is not None or given.get("v") is not None:
+            raise ValueError("k or v were given without q; give q too")
+        intro = ["The explainer's worked example: 3 tokens, d = 2, K = Q."]
+        given = {"q": EXAMPLE_Q, "v": EXAMPLE_V}
+    else:
+        intro = ["Your Q, K, V" + ("  (K = Q: k not given)" if given.get("k") is None else "")
+                 + ("  (V = K: v not given)" if given.get("v") is None else "")]
+    q = to_matrix("q", given["q"])
+    k = to_matrix("k", given["k"]) if given.get("k") is not None else q
+    v = to_matrix("v", given["v"]) if given.get("v") is not None else k
+    check_qkv(q, k, v)
+    q_rows, k_cols = _labels("q", q.size(0)), _labels("k", k.size(0))
+    i, note = resolve_query(cfg.query, q_rows, default=0)
+
+    steps = attention_steps(q, k, v, is_causal=cfg.causal)
+    hidden = (steps.masked == float("-inf")) if cfg.causal else None
+    lines = [("Causal s" if cfg.causal else "S") + "caled dot-product attention, step by step "
+             "(numbers computed by tinylm.attention.attention_steps)."] + intro
+    if cfg.causal and q.size(0) != k.size(0):
+        lines.append(f"The {q.size(0)} queries are the last of the {k.size(0)} positions.")
+    lines += [f"Rows are queries, columns keys; > marks {q_rows[i]}, followed key by key at the "
+              "end (query=N)."] + ([note] if note else [])
+    lines += [""] + side_by_side([
+        table("Q: what each token asks for", q, q_rows, _labels("d", q.size(1)), cfg.digits, i),
+        table("K: what each offers to match", k, k_cols, _labels("d", k.size(1)), cfg.digits),
+        table("V: what each carries", v, _labels("v", v.size(0)), _labels("d", v.size(1)),
+              cfg.digits),
+    ]) + [""]
+    lines += steps_tables(steps, q.size(1), q_rows, k_cols, cfg.digits, i, hidden) + [""]
+    lines += query_walk(steps, i, v, f"{q_rows[i]} = {vector(q[i], cfg.digits)}", k_cols,
+                        cfg.digits, explainer_note=True)
+    if cfg.causal:
+        plain = attention_steps(q, k, v)
+        seen = [", ".join(k_cols[c] for c in range(k.size(0)) if not hidden[r, c]) or "none"
+                for r in range(q.size(0))]
+        rows = [a + b + [s] for a, b, s in
+                zip(steps.output.tolist(), plain.output.tolist(), seen, strict=True)]
+        d_v = v.size(1)
+        cols = ([f"causal d{c}" for c in range(d_v)] + [f"no mask d{c}" for c in range(d_v)]
+                + ["keys seen"])
+        lines += [""] + table("How the mask changes each row's output:", rows, q_rows, cols,
+                              cfg.digits, i)
+    title = "causal attention" if cfg.causal else "attention"
+    panels = [Panel("scores S/√d" + (" (masked)" if cfg.causal else ""), steps.masked, q_rows,
+                    k_cols),
+              Panel("weights", _blank_hidden(steps), q_rows, k_cols, weights=True)]
+    return Explanation("\n".join(lines), title, panels)
+
+
+def explain_multi_head(cfg: ExplainConfig) -> Explanation:
+    """MultiHeadAttention step by step: project, split into heads, attend, concatenate, project."""
+    given = _load_qkv(cfg)
+    unused = [name for name in ("q", "k", "v") if given.get(name) is not None]
+    if unused:
+        raise ValueError(f"n_head mode projects Q, K, V from x; give x=[[...]] instead of "
+                         f"{', '.join(unused)}")
+    if cfg.query is not None:
+        raise ValueError("query picks the row to follow in the single-head and checkpoint modes; "
+                         "n_head mode shows every row")
+    n_head = cfg.n_head
+    x = to_matrix("x", given["x"]) if given.get("x") is not None else None
+    if x is not None and cfg.d_model is not None and cfg.d_model != x.size(1):
+        raise ValueError(f"d_model={cfg.d_model} but x rows have {x.size(1)} numbers; "
+                         "drop d_model or make them agree")
+    d_model = x.size(1) if x is not None else (cfg.d_model or 4)
+    if d_model % n_head != 0:
+        raise ValueError(f"d_model={d_model} is not divisible by n_head={n_head}: each head "
+                         f"takes d_model / n_head columns; use d_model in "
+                         f"{[n_head * m for m in range(1, 4)]}")
+    attn, x_random = example_attention(d_model, n_head, cfg.seed)
+    x_given = x is not None
+    x = x if x_given else x_random
+    walk = multi_head_walk(attn, x)
+    T, hs, dg = x.size(0), d_model // n_head, cfg.digits
+    rows = _labels("t", T)
+    head_cols = [f"h{h}.{c}" for h in range(n_head) for c in range(hs)]
+    w_q, w_k, w_v = attn.qkv_proj.weight.split(d_model, dim=0)  # each (C, C): rows = outputs
+
+    lines = paragraph(
+        f"Multi-head attention, step by step: n_head={n_head} heads of size {hs} on "
+        f"d_model={d_model} (numbers computed by tinylm.attention.MultiHeadAttention). "
+        f"Projection weights: random with seed={cfg.seed}, rounded to 2 decimals, no biases"
+        + ("." if x_given else "; x random, rounded to 1 decimal.")
+        + " MultiHeadAttention is causal (a language model must not see later tokens), so every "
+        "head below uses the causal mask.") + [""]
+    lines += table("X: the input, one row per token", x, rows, _labels("d", d_model), dg)
+    lines += [""] + side_by_side([
+        table("W_q (qkv_proj.weight, first third)", w_q, head_cols, _labels("d", d_model), dg),
+        table("W_k (second third)", w_k, head_cols, _labels("d", d_model), dg),
+        table("W_v (last third)", w_v, head_cols, _labels("d", d_model), dg),
+    ]) + [""]
+    lines += side_by_side([
+        table("Q = X·W_qᵀ", walk.q, rows, head_cols, dg),
+        table("K = X·W_kᵀ", walk.k, rows, head_cols, dg),
+        table("V = X·W_vᵀ", walk.v, rows, head_cols, dg),
+    ])
+    lines += ["", f"Split into heads: head h takes columns h.0 .. h.{hs - 1} of Q, K and V, and "
+              "attends on its own."]
+    panels = []
+    keys = _labels("t", T)
+    for h in range(n_head):
+        s = AttentionSteps(*(t[h] for t in walk.steps))
+        lines += ["", f"--- head {h} ---"] + side_by_side([
+            table(f"Scaled scores S/√{hs}, masked", s.masked, rows, keys, dg),
+            table("Weights", s.weights, rows, keys, dg),
+            table(f"Output O_{h} = Weights · V_{h}", s.output, rows, _labels(f"h{h}.", hs), dg),
+        ])
+        panels += [Panel(f"head {h}: scores S/√d (masked)", s.masked, rows, keys),
+                   Panel(f"head {h}: weights", _blank_hidden(s), rows, keys, weights=True)]
+    lines += [""] + side_by_side([
+        table("Concatenated heads [O_0 | O_1 ...]", walk.concat, rows, head_cols, dg),
+        table("Output Y = concat · W_oᵀ (out_proj)", walk.output, rows, _labels("d", d_model),
+              dg),
+    ])
+    with torch.no_grad():
+        y, weights = attn(x[None], need_weights=True)
+    diff_y = float((y[0] - walk.output).abs().max())
+    diff_w = float((weights[0] - walk.steps.weights).abs().max())
+    lines += ["", f"Check: MultiHeadAttention.forward(x) gives the same output (max difference "
+              f"{diff_y:.1e}) and weights (max difference {diff_w:.1e})."]
+    return Explanation("\n".join(lines), f"multi-head attention, {n_head} heads", panels)
+
+
+def explain_checkpoint(cfg: ExplainConfig) -> Explanation:
+    """One head of a trained model on `cfg.text`, following one query token through the steps."""
+    from tinylm.checkpoint import load_checkpoint
+
+    ckpt = load_checkpoint(cfg.checkpoint)
+    return explain_model_head(ckpt.model, ckpt.tokenizer, cfg, source=str(ckpt.directory))
+
+
+def explain_model_head(model, tokenizer, cfg: ExplainConfig, source: str = "model"
+                       ) -> Explanation:
+    """Checkpoint mode on a model and tokenizer already in memory (tests use this directly)."""
+    c = model.config
+    if cfg.layer >= c.n_layer:
+        raise ValueError(f"layer={cfg.layer} is out of range: the model has {c.n_layer} layers "
+                         f"(0..{c.n_layer - 1})")
+    if cfg.head >= c.n_head:
+        raise ValueError(f"head={cfg.head} is out of range: the model has {c.n_head} heads per "
+                         f"layer (0..{c.n_head - 1})")
+    ids = tokenizer.encode(cfg.text)
+    if not ids:
+        raise ValueError(f"text={cfg.text!r} gives no tokens")
+    if len(ids) > c.block_size:
+        raise ValueError(f"text is {len(ids)} tokens but the model reads at most "
+                         f"block_size={c.block_size}; shorten it")
+    tokens = tokenizer.token_strings(ids)
+    labels = [f"{j} {t!r}" for j, t in enumerate(tokens)]
+    i, note = resolve_query(cfg.query, tokens, default=-1, what="tokens")
+
+    model.eval()
+    device = next(model.parameters()).device
+    steps, v, model_weights = model_head_steps(model, torch.tensor(ids, device=device),
+                                               cfg.layer, cfg.head)
+    steps = AttentionSteps(*(t.float().cpu() for t in steps))
+    diff = float((model_weights.float().cpu() - steps.weights).abs().max())
+    lines = paragraph(
+        f"Layer {cfg.layer}, head {cfg.head} of {source} on {cfg.text!r} ({len(ids)} tokens; "
+        f"head size {c.n_embd // c.n_head}). Q, K, V are this head's slice of "
+        "blocks[layer].attn.qkv_proj applied to the layer's normed input; attention is causal.")
+    lines += paragraph(f"The query is token {labels[i]}." + (f" {note}" if note else "")) + [""]
+    lines += weights_overview(steps.weights, tokens, cfg.digits, min(cfg.top, 4)) + [""]
+    lines += query_walk(steps, i, v.float().cpu(), labels[i], labels, cfg.digits, top=cfg.top)
+    lines += ["", f"Check: the model's own forward pass gives this head the same weights (max "
+              f"difference {diff:.1e})."]
+    title = f"layer {cfg.layer} head {cfg.head}"
+    short = [repr(t) for t in tokens]
+    panels = [Panel("scores S/√d (masked)", steps.masked, short, short),
+              Panel("weights", _blank_hidden(steps), short, short, weights=True)]
+    return Explanation("\n".join(lines), title, panels)
+
+
+# ----------------------------------------------------------------------------- figures
+
+
+def steps_figure(panels: Sequence[Panel], title: str):
+    """Heatmaps of the scores and weights, two per row; small ones carry their numbers."""
+    import numpy as np
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    from tinylm.plots import ATTENTION_CMAP
+
+    n_rows = math.ceil(len(panels) / 2)
+    t = max(panel.matrix.size(1) for panel in panels)
+    size = min(8.0, max(3.2, 0.3 * t))
+    fig = Figure(figsize=(2 * size + 1.5, size * n_rows + 0.6), layout="constrained")
+    FigureCanvasAgg(fig)
+    axes = fig.subplots(n_rows, 2, squeeze=False)
+    for ax, (name, matrix, rows, cols, weights) in zip(axes.flat, panels, strict=False):
+        values = matrix.detach().float().cpu().numpy()
+        shown = np.ma.masked_invalid(values)  # -inf (hidden by the mask) is drawn blank
+        limits = {"vmin": 0.0, "vmax": 1.0} if weights else {}
+        image = ax.imshow(shown, cmap=ATTENTION_CMAP, interpolation="nearest", aspect="equal",
+                          **limits)
+        ax.set_xticks(range(len(cols)), cols, rotation=90, fontsize=8)
+        ax.set_yticks(range(len(rows)), rows, fontsize=8)
+        ax.set_xlabel("key")
+        ax.set_ylabel("query")
+        ax.set_title(name, fontsize=10)
+        if values.shape[1] <= 10:
+            for (r, c), value in np.ndenumerate(values):
+                if np.isfinite(value):
+                    ax.text(c, r, f"{value:.2f}", ha="center", va="center", fontsize=8,
+                            color="white" if image.norm(value) < 0.5 else "black")
+        fig.colorbar(image, ax=ax, shrink=0.8)
+    for ax in list(axes.flat)[len(panels):]:
+        ax.set_axis_off()
+    fig.suptitle(title)
+    return fig
+
+
+def write_figures(explanation: Explanation, png: str | None, logdir: str | None) -> list[str]:
+    """Write the heatmaps as a PNG and/or to TensorBoard; returns lines saying where."""
+    from tinylm.plots import save_figure
+
+    fig = steps_figure(explanation.panels, f"tinylm-explain: {explanation.title}")
+    written = []
+    if png:
+        written.append(f"Figure written to {save_figure(fig, png)}")
+    if logdir:
+        from torch.utils.tensorboard import SummaryWriter
+
+        tag = "explain/" + explanation.title.replace(" ", "_").replace(",", "")
+        with SummaryWriter(logdir) as writer:
+            writer.add_figure(tag, fig, global_step=0)
+        written.append(f"TensorBoard figure {tag!r} written to {logdir} "
+                       f"(tensorboard --logdir {logdir})")
+    return written
+
+
+def explain(cfg: ExplainConfig) -> str:
+    """The walkthrough cfg asks for, as text; writes the figures when png/logdir are set."""
+    if cfg.checkpoint is not None:
+        result = explain_checkpoint(cfg)
+    elif cfg.n_head is not None:
+        result = explain_multi_head(cfg)
+    else:
+        result = explain_qkv(cfg)
+    text = result.text
+    if cfg.png or cfg.logdir:
+        text += "\n\n" + "\n".join(write_figures(result, cfg.png, cfg.logdir))
+    return text
