@@ -1,0 +1,218 @@
+"""Behaviour of tinylm.generate: sampling options, the KV cache, prompts, streaming, the CLI."""
+
+import dataclasses
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from hydra import compose, initialize_config_dir
+from omegaconf import OmegaConf
+
+from tinylm.checkpoint import save_checkpoint
+from tinylm.config import config_dir, to_dataclass
+from tinylm.generate import (
+    GenerateConfig,
+    StreamDecoder,
+    encode_prompt,
+    generate,
+    run_generate,
+    sample_next,
+)
+from tinylm.model import ModelConfig, TinyLM
+from tinylm.tokenizer import BPETokenizer
+
+CORPUS = ("Lily and Tom went to the park. She saw a big dog. It was happy. "
+          "Tom said, \"Look at the dog!\" He laughed. They played all day. Café au lait. ") * 4
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return BPETokenizer.train([CORPUS], vocab_size=300)
+
+
+def tiny_model(vocab_size, seed=0, **overrides):
+    torch.manual_seed(seed)
+    values = dict(vocab_size=vocab_size, block_size=16, n_layer=2, n_head=2, n_embd=32)
+    values.update(overrides)
+    return TinyLM(ModelConfig(**values)).eval()
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory, tokenizer):
+    """A run directory with one tiny (untrained) checkpoint."""
+    run = tmp_path_factory.mktemp("run")
+    model = tiny_model(tokenizer.vocab_size, block_size=32, n_layer=1)
+    save_checkpoint(run, model, tokenizer, {"model": model.config.to_dict()}, step=1,
+                    tags=("last", "best"))
+    return run
+
+
+# ---- sampling -------------------------------------------------------------------------------
+
+def test_temperature_zero_is_greedy():
+    logits = torch.randn(4, 50)
+    assert torch.equal(sample_next(logits, temperature=0.0), logits.argmax(dim=-1))
+
+
+def test_top_k_samples_only_the_k_most_likely_tokens():
+    logits = torch.randn(1, 50).expand(300, 50)  # 300 draws from one distribution
+    allowed = set(torch.topk(logits[0], 5).indices.tolist())
+    gen = torch.Generator().manual_seed(0)
+    drawn = set(sample_next(logits, 2.0, top_k=5, generator=gen).tolist())
+    assert drawn <= allowed
+    assert len(drawn) > 1  # still sampling, not greedy
+
+
+def test_top_p_samples_only_the_smallest_nucleus():
+    probs = torch.tensor([0.05, 0.5, 0.15, 0.3])  # sorted: 0.5, 0.3 | 0.15, 0.05
+    logits = probs.log().expand(400, 4)
+    gen = torch.Generator().manual_seed(0)
+    assert set(sample_next(logits, 1.0, top_p=0.7, generator=gen).tolist()) == {1, 3}
+    assert set(sample_next(logits, 1.0, top_p=0.9, generator=gen).tolist()) == {1, 3, 2}
+    # a tiny top_p still keeps the most likely token
+    assert set(sample_next(logits, 1.0, top_p=0.01, generator=gen).tolist()) == {1}
+
+
+def test_same_seed_gives_the_same_samples():
+    logits = torch.randn(8, 100)
+
+    def draw(seed):
+        gen = torch.Generator().manual_seed(seed)
+        return torch.stack([sample_next(logits, 1.0, 20, 0.95, gen) for _ in range(5)])
+
+    assert torch.equal(draw(1), draw(1))
+    assert not torch.equal(draw(1), draw(2))
+
+
+# ---- decoding -------------------------------------------------------------------------------
+
+def test_greedy_decoding_with_and_without_cache_gives_the_same_tokens():
+    model = tiny_model(60, seed=3)
+    idx = torch.randint(0, 60, (2, 5))
+    # 40 new tokens run well past block_size=16, through the sliding-window re-prefill
+    cached = generate(model, idx, 40, temperature=0.0, use_cache=True)
+    uncached = generate(model, idx, 40, temperature=0.0, use_cache=False)
+    assert cached.shape == (2, 45)
+    assert torch.equal(cached, uncached)
+    assert torch.equal(cached[:, :5], idx)
+
+
+def test_uncached_greedy_step_is_the_argmax_of_the_last_block():
+    model = tiny_model(60, seed=4)
+    idx = torch.randint(0, 60, (1, 20))  # longer than block_size: only the last 16 are read
+    out = generate(model, idx, 1, temperature=0.0)
+    expected = model(idx[:, -16:]).logits[0, -1].argmax()
+    assert out[0, -1] == expected
+
+
+def test_sampling_with_the_same_seed_repeats_itself():
+    model = tiny_model(60, seed=5)
+    idx = torch.zeros(1, 1, dtype=torch.long)
+
+    def sample(seed):
+        return generate(model, idx, 20, 1.0, top_k=10,
+                        generator=torch.Generator().manual_seed(seed))
+
+    assert torch.equal(sample(7), sample(7))
+    assert not torch.equal(sample(7), sample(8))
+
+
+def test_generation_stops_at_the_stop_token_and_pads_finished_rows():
+    model = tiny_model(60, seed=6)
+    idx = torch.randint(0, 60, (2, 4))
+    free = generate(model, idx, 10, temperature=0.0)
+    stop = int(free[0, 4])  # row 0's first new token
+    streamed = []
+    out = generate(model, idx, 10, temperature=0.0, stop_id=stop,
+                   on_token=lambda ids: streamed.append(ids.tolist()))
+    assert out[0, 4] == stop and (out[0, 4:] == stop).all()  # row 0 stopped, padded
+    if stop not in free[1].tolist():
+        assert out.size(1) == 14  # row 1 never stops: runs to max_new_tokens
+    assert len(streamed) == out.size(1) - 4
+
+
+def test_long_prompt_keeps_its_last_block_size_tokens(tokenizer):
+    text = "Lily and Tom went to the park. " * 10
+    ids, dropped = encode_prompt(tokenizer, text, block_size=16)
+    full = tokenizer.encode(text)
+    assert dropped == len(full) - 16 and ids == full[-16:]
+
+
+def test_empty_prompt_starts_from_endoftext(tokenizer):
+    assert encode_prompt(tokenizer, "", 16) == ([tokenizer.eot_id], 0)
+
+
+def test_stream_decoder_prints_multibyte_characters_whole(tokenizer):
+    text = "Café 😀 ok"
+    ids = tokenizer.encode(text)
+    assert len(ids) > len(text.split())  # the emoji is split over several byte tokens
+    stream = StreamDecoder(tokenizer)
+    pieces = [stream.push(i) for i in ids] + [stream.flush()]
+    assert "".join(pieces) == text
+    assert not any("\ufffd" in piece for piece in pieces)
+
+
+# ---- the command ----------------------------------------------------------------------------
+
+def test_generate_yaml_and_config_dataclass_have_the_same_keys():
+    with initialize_config_dir(str(config_dir()), version_base="1.3"):
+        cfg = compose("generate", overrides=["checkpoint=x", "temperature=0", "top_k=5"])
+    built = to_dataclass(GenerateConfig, cfg, "generate")
+    yaml_keys = set(OmegaConf.to_container(cfg))
+    assert yaml_keys == {f.name for f in dataclasses.fields(GenerateConfig)}
+    defaults = {k: v for k, v in dataclasses.asdict(GenerateConfig()).items()
+                if k not in ("checkpoint", "temperature", "top_k")}
+    assert {k: v for k, v in dataclasses.asdict(built).items() if k in defaults} == defaults
+    assert built.temperature == 0 and built.top_k == 5
+
+
+def test_run_generate_streams_prompt_and_text_reproducibly(run_dir, capsys):
+    cfg = GenerateConfig(checkpoint=str(run_dir), prompt="Lily and Tom", max_new_tokens=12,
+                         num_samples=2, temperature=1.0, seed=11)
+    texts = run_generate(cfg)
+    out = capsys.readouterr().out
+    assert len(texts) == 2 and out.count("Lily and Tom") == 2
+    assert "--- sample 2/2 ---" in out and all(text in out for text in texts)
+    assert run_generate(cfg) == texts  # same seed, same text
+    capsys.readouterr()
+
+
+def test_missing_checkpoint_is_a_clear_error(tmp_path):
+    with pytest.raises(FileNotFoundError, match=str(tmp_path / "nope")):
+        run_generate(GenerateConfig(checkpoint=str(tmp_path / "nope")))
+
+
+def _cli(*args, cwd):
+    env = {**os.environ, "PYTHONIOENCODING": "utf-8"}
+    return subprocess.run([sys.executable, "-m", "tinylm.cli.generate", *args], cwd=cwd, env=env,
+                          capture_output=True, text=True, timeout=120)
+
+
+@pytest.mark.slow
+def test_cli_generates_and_inspects_into_the_run_directory(run_dir, tmp_path):
+    result = _cli(f"checkpoint={run_dir}", "prompt=Lily and Tom went to the park. She",
+                  "max_new_tokens=8", "temperature=0", "inspect=true", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith("Lily and Tom went to the park. She")
+    assert "tensorboard --logdir " + str(run_dir / "inspect") in result.stdout
+    logdir = next((run_dir / "inspect").iterdir())
+    assert (logdir / "attention" / "layer_00" / "all_heads.png").is_file()
+    assert list(tmp_path.iterdir()) == []  # Hydra wrote nothing into the working directory
+
+
+@pytest.mark.slow
+def test_cli_names_the_truncated_weights_file_without_a_traceback(run_dir, tmp_path):
+    broken = tmp_path / "broken"
+    checkpoint = (run_dir / "checkpoints" / "last").resolve()
+    broken.mkdir()
+    for file in checkpoint.iterdir():
+        data = file.read_bytes()
+        (broken / file.name).write_bytes(data[:100] if file.name == "model.safetensors" else data)
+    result = _cli(f"checkpoint={broken}", cwd=tmp_path)
+    assert result.returncode != 0
+    assert "Traceback" not in result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and str(Path(broken) / "model.safetensors") in lines[0]

@@ -1,0 +1,156 @@
+"""Behaviour of tinylm.inspection: attention capture, word-level aggregation, pronouns, outputs."""
+
+import numpy as np
+import pytest
+import torch
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+from tinylm.inspection import (
+    PRONOUNS,
+    AttentionCapture,
+    capture_attention,
+    find_words,
+    inspect_texts,
+    is_name,
+    read_pronouns,
+    token_word_index,
+    word_at,
+    word_level,
+)
+from tinylm.model import ModelConfig, TinyLM
+from tinylm.tokenizer import BPETokenizer, CharTokenizer
+
+TEXT = "Lily and Tom went to the park. She saw a big dog. It was happy."
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return BPETokenizer.train([TEXT * 3 + " Tom's cat ran. He laughed."], vocab_size=290)
+
+
+def tiny_model(vocab_size, block_size=64):
+    torch.manual_seed(0)
+    return TinyLM(ModelConfig(vocab_size=vocab_size, block_size=block_size, n_layer=2,
+                              n_head=2, n_embd=16)).eval()
+
+
+def test_capture_records_every_layer_and_head_as_causal_distributions(tokenizer):
+    capture = capture_attention(tiny_model(tokenizer.vocab_size), tokenizer, TEXT)
+    t = len(tokenizer.encode(TEXT))
+    assert capture.weights.shape == (2, 2, t, t)
+    assert capture.n_text_tokens == t and len(capture.tokens) == t
+    np.testing.assert_allclose(capture.weights.sum(-1), 1.0, atol=1e-5)  # rows sum to 1
+    upper = np.triu(np.ones((t, t), dtype=bool), k=1)
+    assert (capture.weights[..., upper] == 0).all()  # nothing looks at the future
+    assert (capture.weights[..., ~upper] > 0).all()
+
+
+def test_capture_of_a_long_text_keeps_one_block_from_the_start_or_the_end(tokenizer):
+    model = tiny_model(tokenizer.vocab_size, block_size=8)
+    ids, offsets = tokenizer.encode_with_offsets(TEXT)
+    first = capture_attention(model, tokenizer, TEXT)
+    assert first.weights.shape[-1] == 8 and first.ids == ids[:8] and first.start == 0
+    assert first.words[first.token_words[0]] == "Lily"
+    last = capture_attention(model, tokenizer, TEXT, keep="last")
+    assert last.ids == ids[-8:] and last.offsets == [tuple(o) for o in offsets[-8:]]
+    assert last.start == len(ids) - 8 and last.n_text_tokens == len(ids)
+    assert last.words[last.token_words[-2]] == "happy"
+    assert f"tokens {len(ids) - 8}..{len(ids) - 1}" in last.window_note()
+
+
+def test_tokens_map_to_words_through_offsets_with_leading_spaces(tokenizer):
+    text = "Tom's cat ran."
+    spans = find_words(text)
+    assert [text[s:e] for s, e in spans] == ["Tom's", "cat", "ran"]
+    # byte-level offsets: " cat" includes its space; "." belongs to no word
+    assert token_word_index([(0, 3), (3, 5), (5, 9), (9, 13), (13, 14)], spans, len(text)) == \
+        [0, 0, 1, 2, -1]
+    ids, offsets = tokenizer.encode_with_offsets(text)
+    words = token_word_index(offsets, spans, len(text))
+    assert words[-1] == -1 and sorted(set(words) - {-1}) == [0, 1, 2]
+    assert word_at(spans, 6) == 1 and word_at(spans, 7) is None
+
+
+def test_word_level_sums_over_key_subwords_and_averages_query_subwords():
+    # tokens: "Li" "ly" "," "s" "he" -> words Lily (0), she (1); "," is no word
+    token_words = [0, 0, -1, 1, 1]
+    weights = np.zeros((5, 5))
+    weights[0, 0] = 1.0
+    weights[1, :2] = [0.4, 0.6]
+    weights[2, :3] = [0.2, 0.3, 0.5]
+    weights[3, :4] = [0.1, 0.2, 0.3, 0.4]
+    weights[4, :5] = [0.5, 0.1, 0.0, 0.2, 0.2]
+    words = word_level(weights, token_words, 2)
+    # "she" -> "Lily": mean over she's 2 rows of (weight on "Li" + weight on "ly")
+    assert words[1, 0] == pytest.approx(((0.1 + 0.2) + (0.5 + 0.1)) / 2)
+    assert words[1, 1] == pytest.approx((0.4 + 0.4) / 2)
+    assert words[0, 0] == pytest.approx(1.0) and words[0, 1] == 0.0
+    batched = word_level(np.stack([weights, weights]), token_words, 2)  # (..., T, T) works too
+    np.testing.assert_allclose(batched[1], words)
+
+
+def hand_made_capture(text, layer_head_targets):
+    """A char-level capture where head (l, h) sends all attention of 'She' to one word."""
+    tokenizer = CharTokenizer.train([text])
+    ids, offsets = tokenizer.encode_with_offsets(text)
+    spans = find_words(text)
+    token_words = token_word_index(offsets, spans, len(text))
+    t = len(ids)
+    weights = np.tril(np.ones((2, 2, t, t)))
+    weights /= weights.sum(-1, keepdims=True)  # uniform over the past
+    she = text.index("She")
+    for (layer, head), target in layer_head_targets.items():
+        s, e = spans[[text[a:b] for a, b in spans].index(target)]
+        for q in range(she, she + 3):  # each of the pronoun's 3 tokens
+            weights[layer, head, q] = 0.0
+            weights[layer, head, q, s:e] = 1.0 / (e - s)
+    return AttentionCapture(text, ids, tokenizer.token_strings(ids), offsets,
+                            weights.astype(np.float32), spans, token_words)
+
+
+def test_pronoun_reading_finds_the_heads_that_point_at_a_name():
+    text = "Lily met a dog. The dog saw Zed. She smiled."
+    capture = hand_made_capture(text, {(0, 0): "met", (0, 1): "Lily", (1, 0): "Zed",
+                                       (1, 1): "dog"})
+    (reading,) = read_pronouns(capture, k=2)
+    assert reading.pronoun == "She" and reading.char == text.index("She")
+    words = capture.words
+    assert words[reading.top[0][1][0][0]] == "Lily" and reading.top[0][1][0][1] == pytest.approx(1)
+    assert words[reading.top[1][1][0][0]] == "dog"
+    named = {(layer, head): words[w] for layer, head, w, _ in reading.name_heads}
+    assert named == {(0, 1): "Lily", (1, 0): "Zed"}
+
+
+def test_names_are_listed_or_capitalised_mid_sentence_words():
+    text = 'Once there was Zed. Lily said, "Look!" The ball was red. Pam ran.'
+    spans = find_words(text)
+    names = {text[s:e] for i, (s, e) in enumerate(spans) if is_name(text, spans, i)}
+    # Zed: capitalised mid-sentence; Lily: listed; Look/The/Once/Pam start sentences
+    assert names == {"Zed", "Lily"}
+    assert {"he", "She", "It", "their", "Them"} <= PRONOUNS and "Lily" not in PRONOUNS
+
+
+def test_inspection_writes_tensorboard_images_text_png_and_npz(tokenizer, tmp_path):
+    model = tiny_model(tokenizer.vocab_size)
+    text = "Lily and Tom went to the park. She saw a big dog."
+    inspect_texts(model, tokenizer, [text], tmp_path, prompt_chars=34, echo=False)
+    events = EventAccumulator(str(tmp_path), size_guidance={"images": 0, "tensors": 0})
+    events.Reload()
+    images = set(events.Tags()["images"])
+    assert {"attention/layer_00/all_heads", "attention/layer_01/all_heads",
+            "attention/layer_00/head_00", "attention/layer_01/head_01",
+            "pronouns/00_She"} <= images
+    texts = set(events.Tags()["tensors"])
+    assert {"text/generated/text_summary", "text/tokens/text_summary",
+            "pronouns/summary/text_summary", "pronouns/00_She/text_summary"} <= texts
+    summary = events.Tensors("text/generated/text_summary")[0].tensor_proto.string_val[0].decode()
+    assert summary.startswith("**Lily and Tom went to the park. She**")
+    image = events.Images("attention/layer_00/head_01")[0]
+    assert image.width > 100 and image.height > 100
+    for tag in images:
+        assert (tmp_path / f"{tag}.png").read_bytes().startswith(b"\x89PNG")
+    saved = np.load(tmp_path / "attention.npz")
+    t = len(tokenizer.encode(text))
+    assert saved["weights"].shape == (2, 2, t, t) and list(saved["tokens"]) == \
+        tokenizer.token_strings(tokenizer.encode(text))
+    assert "She" in (tmp_path / "pronouns.md").read_text()

@@ -1,0 +1,34 @@
+"""tinylm-generate: sample text from a checkpoint, streamed; inspect=true adds attention maps.
+
+    tinylm-generate checkpoint=<run dir> prompt="Once upon a time" max_new_tokens=100
+    tinylm-generate checkpoint=<run dir> prompt="Lily and Tom went to the park. She" inspect=true
+    (options: conf/generate.yaml)
+"""
+
+from __future__ import annotations
+
+import sys
+
+import hydra
+from omegaconf import DictConfig
+
+from tinylm.config import config_dir
+
+
+@hydra.main(version_base="1.3", config_path=str(config_dir()), config_name="generate")
+def main(cfg: DictConfig) -> None:
+    """Compose conf/generate.yaml and generate; bad inputs exit with one clear line."""
+    # the heavy imports (torch) wait until Hydra has parsed the command line, so --help is quick
+    from tinylm.config import to_dataclass
+    from tinylm.generate import GenerateConfig, run_generate
+
+    try:
+        run_generate(to_dataclass(GenerateConfig, cfg, "generate"))
+    except (ValueError, FileNotFoundError) as err:
+        sys.exit(f"tinylm-generate: error: {err}")
+    except KeyboardInterrupt:
+        sys.exit("\ntinylm-generate: interrupted")
+
+
+if __name__ == "__main__":
+    main()

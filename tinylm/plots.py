@@ -1,0 +1,234 @@
+"""Matplotlib figures of attention, for TensorBoard and PNG files.
+
+Figures are built with matplotlib's object API on the Agg canvas (no pyplot, no display, no global
+state), so they work in training loops, tests and headless servers alike:
+
+    from tinylm.plots import attention_grid_figure, figure_to_image, log_figure
+    fig = attention_grid_figure(weights, tokens, "layer 0")   # weights (n_head, T, T)
+    writer.add_image("attention/layer_00/all_heads", figure_to_image(fig), step, dataformats="HWC")
+    log_figure(writer, "attention/layer_00/all_heads", fig, step, png_dir="out")  # + a PNG file
+
+Conventions in every attention heatmap: rows are queries (the token that is looking), columns are
+keys (the tokens it looks at), the causal upper triangle is left blank (those weights do not
+exist), and the colour scale is the square root of the weight over [0, 1], so that the small
+weights spread over many tokens stay visible next to one large one.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Collection, Sequence
+from pathlib import Path
+
+import numpy as np
+from matplotlib import colormaps
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.colors import PowerNorm
+from matplotlib.figure import Figure
+from matplotlib.image import imsave
+
+# masked cells (the hidden causal upper triangle) are drawn light grey, not as weight 0
+ATTENTION_CMAP = colormaps["viridis"].with_extremes(bad="#f2f2f2")
+
+
+def _label(token: str) -> str:
+    """A token string safe to use as a tick label: visible whitespace, no mathtext."""
+    text = token.replace("$", r"\$").replace("\n", "\\n").replace("\t", "\\t")
+    return text if text.strip() else repr(token)
+
+
+def label_step(n_tokens: int, max_labels: int) -> int:
+    """Label every k-th token so that at most `max_labels` tick labels appear on an axis."""
+    return max(1, math.ceil(n_tokens / max_labels))
+
+
+def _causal_masked(weights: np.ndarray) -> np.ma.MaskedArray:
+    """Mask the upper triangle (keys after the query), so it shows blank instead of as zeros."""
+    t_q, t_k = weights.shape[-2:]
+    # queries are the last t_q of t_k positions, as in tinylm.attention.causal_mask
+    hidden = np.triu(np.ones((t_q, t_k), dtype=bool), k=t_k - t_q + 1)
+    return np.ma.masked_array(weights, mask=np.broadcast_to(hidden, weights.shape))
+
+
+def _heatmap(ax, weights: np.ndarray, tokens: Sequence[str], max_labels: int, fontsize: float,
+             highlight: Sequence[int] = ()):
+    """Draw one (T, T) attention map with token labels on both axes; returns the image.
+
+    Tokens in `highlight` (positions) are always labelled, in red.
+    """
+    t = weights.shape[-1]
+    image = ax.imshow(_causal_masked(weights), cmap=ATTENTION_CMAP,
+                      norm=PowerNorm(0.5, vmin=0.0, vmax=1.0), interpolation="nearest",
+                      aspect="equal")
+    step = label_step(t, max_labels)
+    marked = {i for i in highlight if 0 <= i < t}
+    # every step-th position from the first token, and the last one; a highlighted token takes
+    # the place of regular labels too close to it
+    regular = {i for i in [*range(0, t - step // 2, step), t - 1]
+               if all(abs(i - m) >= step for m in marked)}
+    ticks = sorted(regular | marked)
+    labels = [_label(tokens[i]) for i in ticks]
+    ax.set_xticks(ticks, labels, rotation=90, fontsize=fontsize)
+    ax.set_yticks(ticks, labels, fontsize=fontsize)
+    for axis_labels in (ax.get_xticklabels(), ax.get_yticklabels()):
+        for i, text in zip(ticks, axis_labels, strict=True):
+            if i in marked:
+                text.set_color("#d62728")
+    ax.tick_params(length=2, pad=1)
+    return image
+
+
+def attention_grid_figure(weights: np.ndarray, tokens: Sequence[str], title: str = "",
+                          max_labels: int = 32, highlight: Sequence[int] = ()) -> Figure:
+    """All heads of one layer, weights (n_head, T, T), as a grid of small labelled heatmaps.
+
+    More than `max_labels` tokens: 1 token in k is labelled (the title says k);
+    `highlight` positions (e.g. pronouns) are always labelled, in red.
+    """
+    weights = np.asarray(weights, dtype=np.float32)
+    if weights.ndim != 3 or weights.shape[-1] != len(tokens):
+        raise ValueError(f"weights must be (n_head, T, T) with T={len(tokens)} tokens, "
+                         f"got shape {weights.shape}")
+    n_head, t = weights.shape[0], weights.shape[-1]
+    ncols = math.ceil(math.sqrt(n_head))
+    nrows = math.ceil(n_head / ncols)
+    # panels grow with the sequence so that labels do not overlap, up to a readable maximum
+    panel = min(7.0, max(3.0, 0.13 * min(t, max_labels * 1.5)))
+    fig = Figure(figsize=(panel * ncols + 1.0, panel * nrows + 0.8), layout="constrained")
+    FigureCanvasAgg(fig)
+    axes = fig.subplots(nrows, ncols, squeeze=False)
+    fontsize = 6 if t > 16 else 8
+    image = None
+    for h, ax in enumerate(axes.flat):
+        if h >= n_head:
+            ax.set_axis_off()
+            continue
+        image = _heatmap(ax, weights[h], tokens, max_labels, fontsize, highlight)
+        ax.set_title(f"head {h}", fontsize=10)
+    step = label_step(t, max_labels)
+    note = f"{t} tokens" + (f", 1 in {step} labelled" if step > 1 else "")
+    fig.suptitle(f"{title}  ({note}; rows: query, columns: key)".strip(), fontsize=11)
+    fig.colorbar(image, ax=axes, shrink=0.6, label="attention weight")
+    return fig
+
+
+def attention_head_figure(weights: np.ndarray, tokens: Sequence[str], title: str = "",
+                          max_labels: int = 64, highlight: Sequence[int] = ()) -> Figure:
+    """One head's weights (T, T) as a large heatmap labelled with the token strings."""
+    weights = np.asarray(weights, dtype=np.float32)
+    if weights.ndim != 2 or weights.shape[-1] != len(tokens):
+        raise ValueError(f"weights must be (T, T) with T={len(tokens)} tokens, "
+                         f"got shape {weights.shape}")
+    t = weights.shape[-1]
+    size = min(14.0, max(5.0, 0.16 * min(t, max_labels * 1.2)))
+    fig = Figure(figsize=(size + 1.2, size), layout="constrained")
+    FigureCanvasAgg(fig)
+    ax = fig.subplots()
+    image = _heatmap(ax, weights, tokens, max_labels, 8 if t > 24 else 10, highlight)
+    ax.set_xlabel("key: the token looked at")
+    ax.set_ylabel("query: the token looking")
+    step = label_step(t, max_labels)
+    note = f"{t} tokens" + (f", 1 in {step} labelled" if step > 1 else "")
+    ax.set_title(f"{title}  ({note})".strip())
+    fig.colorbar(image, ax=ax, shrink=0.7, label="attention weight")
+    return fig
+
+
+def pronoun_bar_figure(pronoun: str, top_words: Sequence[Sequence[Sequence[tuple[str, float]]]],
+                       title: str = "", names: Collection[str] = ()) -> Figure:
+    """Bar chart for one pronoun: top_words[layer][head] = [(word, weight), ...], best first.
+
+    One group of bars per head (layer 0 head 0 at the top), one bar per earlier word the head's
+    attention from the pronoun goes to most, labelled with the word; `names` are drawn orange.
+    """
+    heads = [(layer, head, words) for layer, row in enumerate(top_words)
+             for head, words in enumerate(row)]
+    if not heads:
+        raise ValueError("top_words must hold at least one layer with one head")
+    k = max(len(words) for _, _, words in heads) or 1
+    fig = Figure(figsize=(7.0, 0.16 * (k + 1) * len(heads) + 1.0), layout="constrained")
+    FigureCanvasAgg(fig)
+    ax = fig.subplots()
+    group_centres = []
+    for g, (_, _, words) in enumerate(heads):
+        ys = [g * (k + 1) + r for r in range(len(words))]  # a blank row between heads
+        values = [float(v) for _, v in words]
+        ax.barh(ys, values, height=0.85,
+                color=["#e07b18" if w in names else "#3b75af" for w, _ in words])
+        for y, (word, value) in zip(ys, words, strict=True):
+            ax.text(float(value) + 0.01, y, f"{_label(word)}  {value:.2f}", va="center",
+                    fontsize=7)
+        group_centres.append(g * (k + 1) + (k - 1) / 2)
+    ax.set_yticks(group_centres, [f"layer {layer} head {head}" for layer, head, _ in heads],
+                  fontsize=8)
+    ax.set_ylim(len(heads) * (k + 1) - 1, -1)  # first head on top
+    ax.set_xlim(0.0, 1.15)
+    ax.set_xlabel("attention weight from the pronoun (summed over each word's tokens)")
+    ax.set_title(f"{title or _label(pronoun)}: the earlier words each head looks at most"
+                 + (" (orange: a name)" if names else ""), fontsize=10)
+    return fig
+
+
+def layer_head_heatmap(values: np.ndarray, title: str = "", label: str = "",
+                       fmt: str = "{:.2f}", cmap: str = "viridis", center: float | None = None
+                       ) -> Figure:
+    """A (n_layer, n_head) table of per-head numbers (accuracy, ablation effect) as a heatmap.
+
+    `center`: use a diverging colour map symmetric around this value (e.g. 0 for changes).
+    """
+    values = np.asarray(values, dtype=np.float64)
+    if values.ndim != 2:
+        raise ValueError(f"values must be (n_layer, n_head), got shape {values.shape}")
+    n_layer, n_head = values.shape
+    fig = Figure(figsize=(1.0 * n_head + 2.2, 0.7 * n_layer + 1.4), layout="constrained")
+    FigureCanvasAgg(fig)
+    ax = fig.subplots()
+    kwargs = {"cmap": cmap}
+    if center is not None:
+        finite = np.abs(values[np.isfinite(values)] - center)
+        span = float(finite.max()) if finite.size and finite.max() > 0 else 1.0
+        kwargs = {"cmap": "RdBu_r", "vmin": center - span, "vmax": center + span}
+    image = ax.imshow(values, aspect="auto", interpolation="nearest", **kwargs)
+    for layer in range(n_layer):
+        for head in range(n_head):
+            ax.text(head, layer, fmt.format(values[layer, head]), ha="center", va="center",
+                    fontsize=8, color="black",
+                    bbox={"facecolor": "white", "alpha": 0.6, "pad": 1, "linewidth": 0})
+    ax.set_xticks(range(n_head), [str(h) for h in range(n_head)])
+    ax.set_yticks(range(n_layer), [str(layer) for layer in range(n_layer)])
+    ax.set_xlabel("head")
+    ax.set_ylabel("layer")
+    ax.set_title(title)
+    fig.colorbar(image, ax=ax, label=label)
+    return fig
+
+
+def figure_to_image(fig: Figure) -> np.ndarray:
+    """Render a figure to an RGB uint8 array (H, W, 3), for SummaryWriter.add_image(..., "HWC")."""
+    canvas = fig.canvas if isinstance(fig.canvas, FigureCanvasAgg) else FigureCanvasAgg(fig)
+    canvas.draw()
+    return np.asarray(canvas.buffer_rgba())[..., :3].copy()
+
+
+def save_figure(fig: Figure, path: str | Path, dpi: int = 100) -> Path:
+    """Write a figure as PNG (creating the parent directory) and return the path."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=dpi)
+    return path
+
+
+def log_figure(writer, tag: str, fig: Figure, step: int = 0,
+               png_dir: str | Path | None = None) -> np.ndarray:
+    """Render `fig` once; add it to a SummaryWriter as image `tag`, and as png_dir/<tag>.png.
+
+    Drawing dominates the cost of a figure, so the PNG file is written from the same pixels
+    TensorBoard gets instead of drawing the figure a second time with savefig.
+    """
+    image = figure_to_image(fig)
+    writer.add_image(tag, image, step, dataformats="HWC")
+    if png_dir is not None:
+        path = Path(png_dir) / f"{tag}.png"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        imsave(path, image)
+    return image
