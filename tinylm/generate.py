@@ -190,13 +190,13 @@ def encode_prompt(tokenizer, text: str, block_size: int) -> tuple[list[int], int
     return ids[dropped:], dropped
 
 
-def default_logdir(checkpoint_dir: Path) -> Path:
-    """<run dir>/inspect/<timestamp> for a checkpoint inside <run dir>/checkpoints/."""
+def default_logdir(checkpoint_dir: Path, kind: str = "inspect") -> Path:
+    """<run dir>/<kind>/<timestamp> for a checkpoint inside <run dir>/checkpoints/."""
     checkpoint_dir = Path(checkpoint_dir)
     run_dir = checkpoint_dir.parent
     if run_dir.name == "checkpoints":
         run_dir = run_dir.parent
-    return run_dir / "inspect" / time.strftime("%Y-%m-%d_%H-%M-%S")
+    return run_dir / kind / time.strftime("%Y-%m-%d_%H-%M-%S")
 
 
 def _read_prompt(cfg: GenerateConfig) -> str:

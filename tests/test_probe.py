@@ -1,0 +1,434 @@
+"""Behaviour of tinylm.probe: head scoring, baselines, agreement margins, ablation, the probe files,
+bad input and the tinylm-probe command."""
+
+import dataclasses
+import json
+import math
+import os
+import subprocess
+import sys
+from collections import Counter
+
+import numpy as np
+import pytest
+import torch
+from hydra import compose, initialize_config_dir
+from omegaconf import OmegaConf
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+from torch import nn
+
+from tinylm.checkpoint import save_checkpoint
+from tinylm.config import config_dir, project_root, to_dataclass
+from tinylm.inspection import NAMES, find_words
+from tinylm.model import LMOutput, ModelConfig, TinyLM
+from tinylm.probe import (
+    EncodedAgreementItem,
+    ProbeConfig,
+    ProbeFileError,
+    ablate_heads,
+    agreement_margins,
+    attention_to_mentions,
+    baselines,
+    encode_agreement_item,
+    encode_attention_item,
+    head_accuracy,
+    load_probe_file,
+    mention_attention,
+    new_word_tokens,
+    parse_item,
+    run_probe,
+    word_log_probs,
+)
+from tinylm.tokenizer import BPETokenizer, CharTokenizer
+
+PROBES = project_root() / "data" / "probes"
+
+
+def item(text, pronoun, antecedents, distractors=None, wrong=None, **extra):
+    """A probe line for `text`, with offsets found by searching (n-th occurrence: (word, n))."""
+    def at(word):
+        word, n = word if isinstance(word, tuple) else (word, 0)
+        spans = [s for s, e in find_words(text) if text[s:e] == word]
+        return spans[n]
+    line = {"text": text, "pronoun_char": at(pronoun),
+            "antecedent_chars": [at(w) for w in antecedents]}
+    if distractors is not None:
+        line["distractor_chars"] = [at(w) for w in distractors]
+    if wrong is not None:
+        line["wrong_pronoun"] = wrong
+    return {**line, **extra}
+
+
+@pytest.fixture(scope="module")
+def bpe():
+    texts = [json.loads(line)["text"] for name in ("pronouns", "agreement")
+             for line in (PROBES / f"{name}.jsonl").read_text().splitlines()]
+    return BPETokenizer.train(texts, vocab_size=300)
+
+
+def tiny_model(vocab_size, seed=0, **overrides):
+    torch.manual_seed(seed)
+    values = dict(vocab_size=vocab_size, block_size=64, n_layer=2, n_head=2, n_embd=16)
+    return TinyLM(ModelConfig(**{**values, **overrides})).eval()
+
+
+# ---- attention scoring ------------------------------------------------------------------------
+
+def test_a_head_is_right_when_the_pronoun_attends_more_to_the_antecedents_subwords():
+    # tokens: "Li" "ly" " and" " Tom" "." " s" "he": words Lily 0, and 1, Tom 2, she 3
+    token_words = [0, 0, 1, 2, -1, 3, 3]
+    t = len(token_words)
+    weights = np.tril(np.ones((1, 3, t, t)))
+    weights /= weights.sum(-1, keepdims=True)
+    rows = {  # each of the pronoun's two tokens: weights over the 7 tokens
+        0: [[0.3, 0.3, 0.0, 0.4, 0, 0, 0], [0.3, 0.3, 0.0, 0.4, 0, 0, 0]],  # Lily 0.6 > Tom 0.4
+        1: [[0.1, 0.1, 0.0, 0.8, 0, 0, 0], [0.1, 0.1, 0.3, 0.5, 0, 0, 0]],  # Tom wins
+        2: [[0.5, 0.0, 0.0, 0.5, 0, 0, 0], [0.0, 0.5, 0.0, 0.5, 0, 0, 0]],  # a tie is not right
+    }
+    for head, (first, second) in rows.items():
+        weights[0, head, 5], weights[0, head, 6] = first, second
+    lily = attention_to_mentions(weights, token_words, 4, pronoun_word=3, mention_words=[0])
+    tom = attention_to_mentions(weights, token_words, 4, pronoun_word=3, mention_words=[2])
+    np.testing.assert_allclose(lily[0], [0.6, 0.2, 0.5])  # summed over "Li"+"ly", mean of rows
+    np.testing.assert_allclose(tom[0], [0.4, 0.65, 0.5])
+    np.testing.assert_array_equal(head_accuracy(lily[None], tom[None]), [[1.0, 0.0, 0.0]])
+    # two mentions of one character add up
+    both = attention_to_mentions(weights, token_words, 4, pronoun_word=3, mention_words=[0, 1])
+    np.testing.assert_allclose(both[0], [0.6, 0.35, 0.5])
+    # accuracy is the share of items: right on 1 of 2 items
+    assert head_accuracy(np.array([[0.6], [0.1]]), np.array([[0.4], [0.2]])).tolist() == [0.5]
+
+
+def test_baselines_choose_the_nearest_or_the_first_mentioned_character():
+    items = [parse_item(line, f"test, line {n}") for n, line in enumerate([
+        item("Lily and Tom ran. She sat.", "She", ["Lily"], ["Tom"]),  # first, not nearest
+        item("Lily and Tom ran. He sat.", "He", ["Tom"], ["Lily"]),  # nearest, not first
+        item("Tom saw Lily. Tom ran. He sat.", "He", ["Tom", ("Tom", 1)], ["Lily"]),  # both
+        item("Tom saw Lily. Tom ran. She sat.", "She", ["Lily"], ["Tom", ("Tom", 1)]),  # neither
+    ])]
+    assert baselines(items) == {"nearest mention": 0.5, "first mention": 0.5}
+    assert baselines(items[2:3]) == {"nearest mention": 1.0, "first mention": 1.0}
+    assert baselines(items[3:]) == {"nearest mention": 0.0, "first mention": 0.0}
+
+
+def test_model_attention_is_read_at_the_pronoun_and_is_the_same_batched_or_alone(bpe):
+    model = tiny_model(bpe.vocab_size)
+    lines = [item("Lily and Tom went to the park. She saw a big red ball.", "She", ["Lily"],
+                  ["Tom"]),
+             item("Tom had a kite. Mia had a ball. The wind was strong, and his kite flew.",
+                  "his", ["Tom"], ["Mia"])]
+    encoded = [encode_attention_item(bpe, parse_item(x, "t"), 64) for x in lines]
+    # the text is cut after the pronoun's token: what comes later cannot change its attention
+    assert bpe.decode(encoded[0].ids) == "Lily and Tom went to the park. She"
+    ante, distr = mention_attention(model, encoded, batch_size=2)
+    assert ante.shape == distr.shape == (2, 2, 2)
+    for i, e in enumerate(encoded):  # padding in a batch changes nothing
+        alone_ante, alone_distr = mention_attention(model, [e])
+        np.testing.assert_allclose(ante[i], alone_ante[0], atol=1e-6)
+        np.testing.assert_allclose(distr[i], alone_distr[0], atol=1e-6)
+    # and it is the model's own weights from the pronoun's token to the name's tokens
+    with torch.inference_mode():
+        out = model(torch.tensor([encoded[0].ids]), return_attention=True)
+    w = torch.stack(out.attentions, dim=1)[0].numpy()  # (L, nh, T, T)
+    words = encoded[0].token_words
+    she = [t for t, word in enumerate(words) if word == encoded[0].pronoun_word]
+    tom = [t for t, word in enumerate(words) if word == 2]
+    assert she[-1] == len(words) - 1 and [bpe.decode([encoded[0].ids[t] for t in she])] == [" She"]
+    expected = w[:, :, she][..., tom].sum(-1).mean(-1)  # summed over Tom's, averaged over She's
+    np.testing.assert_allclose(distr[0], expected, atol=1e-6)
+
+
+# ---- agreement margins --------------------------------------------------------------------------
+
+class BigramModel(nn.Module):
+    """logits[t] = log_probs[idx[t]]: the next token depends on the current one only."""
+
+    def __init__(self, log_probs: torch.Tensor):
+        super().__init__()
+        self.log_probs = nn.Parameter(log_probs, requires_grad=False)
+
+    def forward(self, idx, targets=None, kv_cache=None, return_attention=False, head_mask=None):
+        return LMOutput(self.log_probs[idx], None, None)
+
+
+def test_margin_is_the_whole_word_log_probability_difference():
+    tok = CharTokenizer.train(["Lily ran. she he her sat"])
+    v = tok.vocab_size
+    table = torch.full((v, v), 1e-9)
+    i = {ch: tok.encode(ch)[0] for ch in " .Lhesra"}
+
+    def follow(ch, probs):
+        for nxt, p in probs.items():
+            table[i[ch], i[nxt]] = p
+    follow(".", {" ": 1.0})
+    follow(" ", {"s": 0.5, "h": 0.25})
+    follow("s", {"h": 0.9, "a": 0.1})
+    follow("h", {"e": 0.8})
+    follow("e", {" ": 0.5, ".": 0.2, "r": 0.3})  # "r": "he" would be the start of "her"
+    model = BigramModel(table.log())  # unnormalised rows are fine: log_softmax renormalises
+    probs = table / table.sum(-1, keepdim=True)
+
+    line = parse_item(item("Lily ran. she sat.", "she", ["Lily"], wrong="he"), "t")
+    encoded = encode_agreement_item(tok, line, block_size=64)
+    assert tok.decode(encoded.written) == "Lily ran. she"
+    # the word is read with its space: both continue "Lily ran."
+    assert tok.decode(encoded.wrong) == "Lily ran. he" and encoded.n_context == 9
+    new_word = new_word_tokens(tok)  # tokens that start a new word: space, '.', <|endoftext|>
+    assert new_word.tolist() == [not s.isalnum() for s in tok.token_strings(range(v))]
+    log_p = word_log_probs(model, [encoded.written, encoded.wrong], [9, 9], new_word)
+    # chain rule over " she" / " he", then "the word ends here" (space or full stop)
+    space = math.log(probs[i["."], i[" "]])
+    end = math.log(probs[i["e"], i[" "]] + probs[i["e"], i["."]])
+    expected_she = (space + math.log(probs[i[" "], i["s"]]) + math.log(probs[i["s"], i["h"]])
+                    + math.log(probs[i["h"], i["e"]]) + end)
+    expected_he = space + math.log(probs[i[" "], i["h"]]) + math.log(probs[i["h"], i["e"]]) + end
+    assert log_p.tolist() == pytest.approx([expected_she, expected_he], abs=1e-5)
+    margin = agreement_margins(model, [encoded], new_word)
+    assert margin.tolist() == pytest.approx([math.log(0.5 / 0.25 * 0.9)], abs=1e-5)
+
+
+def test_the_wrong_pronoun_is_tokenized_like_the_written_one(bpe):
+    line = parse_item(item("Tom ran. Then the dog saw him. She", "him", ["Tom"], wrong="her"), "t")
+    enc = encode_agreement_item(bpe, line, 64)
+    n = enc.n_context
+    assert bpe.decode(enc.written[n:]) == " him" and bpe.decode(enc.wrong[n:]) == " her"
+    assert enc.written[:n] == enc.wrong[:n]
+    assert bpe.decode(enc.wrong[:n]) == "Tom ran. Then the dog saw"
+    line = parse_item(item("Tom ran. He sat.", "He", ["Tom"], wrong="she"), "t")
+    enc = encode_agreement_item(bpe, line, 64)
+    assert bpe.decode(enc.wrong[enc.n_context:]) == " She"  # capitalised like "He"
+    # this BPE reads " She" as " S" "he" and " He" as " " "H" "e": the words start after "."
+    assert enc.written[:enc.n_context] == enc.wrong[:enc.n_context]
+    assert bpe.decode(enc.written[enc.n_context:]) == " He"
+
+
+# ---- ablation ---------------------------------------------------------------------------------
+
+F, M, SHE, HE, DOT, X = range(6)  # token ids of the hand-built model
+
+
+def hand_built_model() -> TinyLM:
+    """One layer, two heads. Head 0 carries the name's gender to the pronoun's position; head 1
+    computes something that never reaches the output.
+
+    Embeddings are one-hot (x3): F, M, she, he, '.', 'x' on dims 0..5. Head 0 has q = k = 0, so it
+    averages over all earlier positions, and its value reads (female - male) feature; out_proj
+    writes that to +she / -he. With tied embeddings the logits of she and he then differ by the
+    share of female minus male names in the context. The MLP is zero.
+    """
+    model = tiny_model(6, block_size=16, n_layer=1, n_head=2, n_embd=8, seed=1)
+    with torch.no_grad():
+        model.wte.weight.zero_()
+        model.wte.weight[:, :6] = 3 * torch.eye(6)
+        model.wpe.weight.zero_()
+        attn, mlp = model.blocks[0].attn, model.blocks[0].mlp
+        qkv = attn.qkv_proj.weight  # (3C, C): rows q | k | v, head 0 = the first 4 of each
+        qkv[0:4].zero_(), qkv[8:12].zero_(), qkv[16:20].zero_()
+        qkv[16, F], qkv[16, M] = 1.0, -1.0
+        out = attn.out_proj.weight  # (C, C): columns 0..3 head 0, 4..7 head 1
+        out.zero_()
+        out[SHE, 0], out[HE, 0] = 10.0, -10.0
+        mlp.proj.weight.zero_()
+    return model
+
+
+def test_ablating_the_head_that_carries_the_name_removes_the_margin_and_the_other_changes_nothing():
+    model = hand_built_model()
+    # "F x x . she" (wrong: he) and "M x . he" (wrong: she)
+    encoded = [EncodedAgreementItem([F, X, X, DOT, SHE], [F, X, X, DOT, HE], 4),
+               EncodedAgreementItem([M, X, DOT, HE], [M, X, DOT, SHE], 3)]
+    new_word = torch.tensor([False, False, False, False, True, False])  # "." ends a word
+    base = agreement_margins(model, encoded, new_word)
+    assert (base > 1.0).all()  # the model knows: F -> she, M -> he
+    entries = {(e["layer"], e["head"]): e for e in ablate_heads(model, encoded, new_word)}
+    assert set(entries) == {(0, 0), (0, 1)}
+    needed, unused = entries[0, 0], entries[0, 1]
+    assert needed["method"] == unused["method"] == "zeroed"
+    # without head 0 nothing tells she from he: the margin falls to 0, accuracy from 1 to 0
+    assert needed["mean_margin"] == pytest.approx(0.0, abs=1e-5)
+    assert needed["delta_mean_margin"] == pytest.approx(-float(base.mean()), abs=1e-5)
+    assert needed["delta_accuracy"] == -1.0
+    assert abs(unused["delta_mean_margin"]) < 1e-6 and unused["delta_accuracy"] == 0.0
+    assert unused["mean_margin"] == pytest.approx(float(base.mean()))
+
+
+# ---- probe files --------------------------------------------------------------------------------
+
+def test_shipped_attention_probes_load_and_are_balanced():
+    items = load_probe_file(PROBES / "pronouns.jsonl")
+    assert len(items) >= 60 and all(i.kind == "attention" for i in items)
+    nearer = sum(max(i.antecedent_chars) > max(i.distractor_chars) for i in items)
+    assert 0.4 <= nearer / len(items) <= 0.6  # the antecedent is nearer in about half
+    assert 0.4 <= baselines(items)["first mention"] <= 0.6
+    pronouns = Counter(i.pronoun.lower() for i in items)
+    assert pronouns["she"] + pronouns["her"] == pronouns["he"] + pronouns["him"] + pronouns["his"]
+    for i in items:  # two named characters; the pronoun is the first gendered word
+        names = {i.text[c:c + 10].split()[0].strip(".,") for c in i.antecedent_chars
+                 + i.distractor_chars}
+        assert len(names) == 2 and names <= NAMES
+        words = [i.text[s:e].lower() for s, e in find_words(i.text)]
+        gendered = [w for w in words if w in {"she", "he", "her", "him", "his"}]
+        assert gendered[0] == i.pronoun.lower()
+
+
+def test_shipped_agreement_probes_load_and_balance_she_and_he_over_three_forms():
+    items = load_probe_file(PROBES / "agreement.jsonl")
+    assert len(items) >= 60 and all(i.kind == "agreement" for i in items)
+    form = {("she", "he"): "subject", ("he", "she"): "subject", ("her", "him"): "object",
+            ("him", "her"): "object", ("her", "his"): "possessive", ("his", "her"): "possessive"}
+    female = {"she", "her"}
+    counts = Counter((form[i.pronoun.lower(), i.wrong_pronoun], i.pronoun.lower() in female)
+                     for i in items)
+    assert len(counts) == 6 and len(set(counts.values())) == 1  # every (form, gender) equally
+    for i in items:  # one named character, frequent in TinyStories
+        names = {i.text[c:c + 10].split()[0].strip(".,") for c in i.antecedent_chars}
+        assert len(names) == 1 and names <= NAMES
+
+
+BAD_LINES = [
+    ('{"text": "Lily ran. She sat.", "pronoun_char": 10, "antecedent_chars": [0]',
+     "invalid JSON"),
+    (item("Lily and Tom ran. She sat.", "She", ["Lily"], ["Tom"]) | {"pronoun_char": 99},
+     "pronoun_char=99 is outside the text"),
+    (item("Lily and Tom ran. She sat.", "She", ["Lily"], ["Tom"]) | {"antecedent_chars": [1]},
+     r"antecedent_chars\[0\]=1 is not at the start of a word"),
+    (item("Lily and Tom ran. She sat.", "She", ["Lily"], ["Tom"]) | {"distractor_chars": [-3]},
+     r"distractor_chars\[0\]=-3 is outside the text"),
+    (item("Lily ran. She saw Tom.", "She", ["Lily"], ["Tom"]),
+     r"distractor_chars\[0\]=18 is not before the pronoun"),
+    (item("Lily ran. She sat.", "ran", ["Lily"], wrong="he"), "'ran', which is not a pronoun"),
+    (item("Lily ran. She sat.", "She", ["Lily"]), "missing wrong_pronoun"),
+    (item("Lily ran. She sat.", "She", ["Lily"], wrong="xe"), "wrong_pronoun='xe' is not a known"),
+    (item("Lily ran. She sat.", "She", ["Lily"], wrong="she"), "is the pronoun in the text"),
+    (item("Lily ran. She sat.", "She", ["Lily"]) | {"antecedent_chars": []}, "non-empty list"),
+]
+
+
+@pytest.mark.parametrize(("line", "message"), BAD_LINES, ids=[m for _, m in BAD_LINES])
+def test_a_bad_line_is_an_error_naming_file_and_line(tmp_path, line, message):
+    good = item("Lily went out. She sat.", "She", ["Lily"], wrong="he")
+    path = tmp_path / "probe.jsonl"
+    bad = line if isinstance(line, str) else json.dumps(line)
+    path.write_text(json.dumps(good) + "\n\n" + bad + "\n")
+    with pytest.raises(ProbeFileError, match=f"^{path}, line 3: .*{message}"):
+        load_probe_file(path)
+
+
+def test_a_mixed_file_loads_both_kinds_and_ignores_other_fields(tmp_path):
+    path = tmp_path / "mixed.jsonl"
+    lines = [item("Lily and Tom ran. He sat.", "He", ["Tom"], ["Lily"], note="x"),
+             item("Tom ran. He sat.", "He", ["Tom"], wrong="she", form="subject")]
+    path.write_text("".join(json.dumps(x) + "\n" for x in lines))
+    assert [i.kind for i in load_probe_file(path)] == ["attention", "agreement"]
+
+
+# ---- the command ------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory, bpe):
+    run = tmp_path_factory.mktemp("run")
+    model = tiny_model(bpe.vocab_size, block_size=128)  # the shipped items are < 128 characters
+    save_checkpoint(run, model, bpe, {"model": model.config.to_dict()}, step=1,
+                    tags=("last", "best"))
+    return run
+
+
+def test_probe_yaml_and_config_dataclass_have_the_same_keys():
+    with initialize_config_dir(str(config_dir()), version_base="1.3"):
+        cfg = compose("probe", overrides=["checkpoint=x", "ablate=true",
+                                          "probe_file=data/probes/agreement.jsonl"])
+    built = to_dataclass(ProbeConfig, cfg, "probe")
+    assert set(OmegaConf.to_container(cfg)) == {f.name for f in dataclasses.fields(ProbeConfig)}
+    assert built.ablate is True and built.probe_file == ["data/probes/agreement.jsonl"]
+    assert ProbeConfig().probe_file is None
+
+
+def test_nothing_is_written_when_an_item_fails(run_dir, tmp_path):
+    path = tmp_path / "long.jsonl"
+    text = "Lily went to the park. " + "The sun was hot. " * 60 + "She sat."
+    path.write_text(json.dumps(item(text, "She", ["Lily"], wrong="he")) + "\n")
+    cfg = ProbeConfig(checkpoint=str(run_dir), probe_file=str(path), out=str(tmp_path / "o.json"),
+                      logdir=str(tmp_path / "tb"), ablate=True)
+    with pytest.raises(ProbeFileError, match=f"{path}, line 1: .*longer than the model's block"):
+        run_probe(cfg)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["long.jsonl"]
+
+
+def test_each_kind_alone_reports_what_it_can(run_dir, tmp_path, capsys):
+    attention = tmp_path / "attention.jsonl"
+    attention.write_text(json.dumps(item("Lily and Tom ran. He sat.", "He", ["Tom"], ["Lily"]))
+                         + "\n")
+    report = run_probe(ProbeConfig(checkpoint=str(run_dir), probe_file=str(attention),
+                                   out=str(tmp_path / "a.json"), logdir=str(tmp_path / "a"),
+                                   ablate=True))
+    captured = capsys.readouterr()
+    assert report["n"] == 1 and report["agreement"] is None and report["ablation"] is None
+    assert "ablate=true needs agreement items" in captured.err
+    assert "agreement: no one-character items" in captured.out
+
+    agreement = tmp_path / "agreement.jsonl"
+    agreement.write_text(json.dumps(item("Tom ran. He sat.", "He", ["Tom"], wrong="she")) + "\n")
+    report = run_probe(ProbeConfig(checkpoint=str(run_dir), probe_file=str(agreement),
+                                   out=str(tmp_path / "b.json"), logdir=str(tmp_path / "b"),
+                                   ablate=True))
+    assert report["n"] == 0 and report["heads"] == [] and report["best"] is None
+    assert report["agreement"]["n"] == 1 and len(report["ablation"]) == 4
+    assert "attention: no two-character items" in capsys.readouterr().out
+    assert json.loads((tmp_path / "b.json").read_text()) == report
+
+
+def _cli(*args, cwd):
+    env = {**os.environ, "PYTHONIOENCODING": "utf-8"}
+    return subprocess.run([sys.executable, "-m", "tinylm.cli.probe", *args], cwd=cwd, env=env,
+                          capture_output=True, text=True, timeout=300)
+
+
+@pytest.mark.slow
+def test_cli_scores_heads_agreement_and_ablation_into_json_and_tensorboard(run_dir, tmp_path):
+    result = _cli(f"checkpoint={run_dir}", "ablate=true", "top_heads=3", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    out = result.stdout
+    assert "best head: layer" in out and "nearest mention 0.50, first mention 0.50" in out
+    assert "agreement: 72 one-character items, accuracy" in out
+    assert "ablation: each head zeroed in turn" in out
+    assert list(tmp_path.iterdir()) == []  # nothing in the working directory
+    (logdir,) = (run_dir / "probe").iterdir()  # defaults: inside the run directory
+    report = json.loads((logdir / "probe.json").read_text())
+    assert report["n"] == 72 and len(report["heads"]) == 4
+    assert set(report["heads"][0]) >= {"layer", "head", "accuracy"}
+    assert set(report["best"]) == {"layer", "head", "accuracy"}
+    assert report["best"]["accuracy"] == max(h["accuracy"] for h in report["heads"])
+    assert report["baselines"] == {"nearest mention": 0.5, "first mention": 0.5}
+    agreement = report["agreement"]
+    assert agreement["n"] == 72 and 0.0 <= agreement["accuracy"] <= 1.0
+    margins = [x["margin"] for x in agreement["items"]]
+    assert agreement["mean_margin"] == pytest.approx(np.mean(margins))
+    assert agreement["accuracy"] == pytest.approx(np.mean([m > 0 for m in margins]))
+    assert len(report["ablation"]) == 4
+    for e in report["ablation"]:
+        assert e["method"] == "zeroed"
+        assert e["delta_mean_margin"] == pytest.approx(e["mean_margin"] - agreement["mean_margin"])
+        assert e["delta_accuracy"] == pytest.approx(e["accuracy"] - agreement["accuracy"])
+    table = out.split("ablation:")[1].split("report:")[0].strip().splitlines()
+    assert len(table) == 2 + 3 + 1  # title, header, top_heads rows, the timing line
+    events = EventAccumulator(str(logdir), size_guidance={"images": 0, "tensors": 0})
+    events.Reload()
+    assert {"probe/attention_accuracy", "probe/ablation_delta_mean_margin",
+            "probe/ablation_delta_accuracy"} <= set(events.Tags()["images"])
+    assert "probe/report/text_summary" in events.Tags()["tensors"]
+    for name in ("attention_accuracy", "ablation_delta_mean_margin", "ablation_delta_accuracy"):
+        assert (logdir / "probe" / f"{name}.png").read_bytes().startswith(b"\x89PNG")
+
+
+@pytest.mark.slow
+def test_cli_reports_a_bad_line_in_one_line_without_a_traceback(run_dir, tmp_path):
+    path = tmp_path / "bad.jsonl"
+    path.write_text(json.dumps(item("Tom ran. He sat.", "He", ["Tom"])) + "\n")
+    out = tmp_path / "report.json"
+    result = _cli(f"checkpoint={run_dir}", f"probe_file={path}", f"out={out}", cwd=tmp_path)
+    assert result.returncode != 0 and "Traceback" not in result.stderr
+    assert result.stderr.strip() == (f"tinylm-probe: error: {path}, line 1: missing wrong_pronoun;"
+                                     " an item without distractor_chars is an agreement item and "
+                                     "needs the pronoun to compare with (e.g. \"wrong_pronoun\": "
+                                     "\"he\")")
+    assert not out.exists()

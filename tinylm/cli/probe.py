@@ -1,0 +1,34 @@
+"""tinylm-probe: score attention heads on pronoun probes, pronoun agreement, head ablation.
+
+    tinylm-probe checkpoint=<run dir>                       # data/probes/pronouns + agreement
+    tinylm-probe checkpoint=<run dir> probe_file=data/probes/agreement.jsonl ablate=true
+    (options: conf/probe.yaml)
+"""
+
+from __future__ import annotations
+
+import sys
+
+import hydra
+from omegaconf import DictConfig
+
+from tinylm.config import config_dir
+
+
+@hydra.main(version_base="1.3", config_path=str(config_dir()), config_name="probe")
+def main(cfg: DictConfig) -> None:
+    """Compose conf/probe.yaml and probe; bad inputs exit with one clear line."""
+    # the heavy imports (torch) wait until Hydra has parsed the command line, so --help is quick
+    from tinylm.config import to_dataclass
+    from tinylm.probe import ProbeConfig, run_probe
+
+    try:
+        run_probe(to_dataclass(ProbeConfig, cfg, "probe"))
+    except (ValueError, FileNotFoundError) as err:
+        sys.exit(f"tinylm-probe: error: {err}")
+    except KeyboardInterrupt:
+        sys.exit("\ntinylm-probe: interrupted")
+
+
+if __name__ == "__main__":
+    main()
