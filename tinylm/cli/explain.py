@@ -12,6 +12,7 @@ import sys
 import hydra
 from omegaconf import DictConfig
 
+from tinylm.cli import run_or_exit
 from tinylm.config import config_dir
 
 
@@ -22,10 +23,8 @@ def main(cfg: DictConfig) -> None:
     from tinylm.config import to_dataclass
     from tinylm.explain import ExplainConfig, explain
 
-    try:
-        text = explain(to_dataclass(ExplainConfig, cfg, "explain"))
-    except (ValueError, FileNotFoundError) as err:
-        sys.exit(f"tinylm-explain: error: {err}")
+    text = run_or_exit("tinylm-explain",
+                       lambda: explain(to_dataclass(ExplainConfig, cfg, "explain")))
     # a console that cannot show √ or · gets "?" instead of a crash
     sys.stdout.reconfigure(errors="replace")
     try:

@@ -7,11 +7,10 @@
 
 from __future__ import annotations
 
-import sys
-
 import hydra
 from omegaconf import DictConfig
 
+from tinylm.cli import run_or_exit
 from tinylm.config import config_dir
 
 
@@ -22,12 +21,8 @@ def main(cfg: DictConfig) -> None:
     from tinylm.config import to_dataclass
     from tinylm.generate import GenerateConfig, run_generate
 
-    try:
-        run_generate(to_dataclass(GenerateConfig, cfg, "generate"))
-    except (ValueError, FileNotFoundError) as err:
-        sys.exit(f"tinylm-generate: error: {err}")
-    except KeyboardInterrupt:
-        sys.exit("\ntinylm-generate: interrupted")
+    run_or_exit("tinylm-generate",
+                lambda: run_generate(to_dataclass(GenerateConfig, cfg, "generate")))
 
 
 if __name__ == "__main__":

@@ -14,6 +14,7 @@ import sys
 import hydra
 from omegaconf import DictConfig
 
+from tinylm.cli import run_or_exit
 from tinylm.config import config_dir
 
 # Preparing writes only the cache directory. conf/config.yaml sends Hydra's outputs to a
@@ -29,13 +30,11 @@ def _prepare(cfg: DictConfig) -> None:
     from tinylm.data import DataConfig, prepare_data
     from tinylm.tokenizer import TokenizerConfig
 
-    try:
-        prepare_data(to_dataclass(DataConfig, cfg.data, "data"),
-                     to_dataclass(TokenizerConfig, cfg.tokenizer, "tokenizer"))
-    except (ValueError, FileNotFoundError, RuntimeError) as err:
-        sys.exit(f"tinylm-prepare: error: {err}")
-    except KeyboardInterrupt:
-        sys.exit("\ntinylm-prepare: interrupted (no partial cache is left behind)")
+    run_or_exit("tinylm-prepare",
+                lambda: prepare_data(to_dataclass(DataConfig, cfg.data, "data"),
+                                     to_dataclass(TokenizerConfig, cfg.tokenizer, "tokenizer")),
+                interrupted="interrupted (no partial cache is left behind)",
+                errors=(ValueError, FileNotFoundError, RuntimeError))  # RuntimeError: hub failures
 
 
 def main() -> None:

@@ -7,11 +7,10 @@
 
 from __future__ import annotations
 
-import sys
-
 import hydra
 from omegaconf import DictConfig
 
+from tinylm.cli import run_or_exit
 from tinylm.config import config_dir
 
 
@@ -22,12 +21,7 @@ def main(cfg: DictConfig) -> None:
     from tinylm.config import to_dataclass
     from tinylm.probe import ProbeConfig, run_probe
 
-    try:
-        run_probe(to_dataclass(ProbeConfig, cfg, "probe"))
-    except (ValueError, FileNotFoundError) as err:
-        sys.exit(f"tinylm-probe: error: {err}")
-    except KeyboardInterrupt:
-        sys.exit("\ntinylm-probe: interrupted")
+    run_or_exit("tinylm-probe", lambda: run_probe(to_dataclass(ProbeConfig, cfg, "probe")))
 
 
 if __name__ == "__main__":
