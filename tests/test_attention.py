@@ -159,3 +159,15 @@ def test_head_mask_zero_removes_exactly_that_head():
 def test_n_embd_must_divide_into_heads():
     with pytest.raises(ValueError, match="divisible"):
         MultiHeadAttention(30, 4)
+
+
+def test_fast_path_under_bf16_autocast_stays_close_to_fp32_and_passes_gradients():
+    mha = _mha(seed=4)
+    x = torch.randn(2, 12, 32, requires_grad=True)
+    reference, _ = mha(x)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        y, _ = mha(x)
+    assert y.dtype == torch.bfloat16
+    assert (y.float() - reference).abs().max() <= 2e-2
+    y.float().sum().backward()
+    assert x.grad is not None and torch.isfinite(x.grad).all() and x.grad.abs().sum() > 0

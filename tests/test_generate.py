@@ -1,17 +1,15 @@
 """Behaviour of tinylm.generate: sampling options, the KV cache, prompts, streaming, the CLI."""
 
 import dataclasses
-import os
-import subprocess
-import sys
 from pathlib import Path
 
+import helpers
 import pytest
 import torch
+from helpers import run_cli, save_run
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
-from tinylm.checkpoint import save_checkpoint
 from tinylm.config import config_dir, to_dataclass
 from tinylm.generate import (
     GenerateConfig,
@@ -21,7 +19,6 @@ from tinylm.generate import (
     run_generate,
     sample_next,
 )
-from tinylm.model import ModelConfig, TinyLM
 from tinylm.tokenizer import BPETokenizer
 
 CORPUS = ("Lily and Tom went to the park. She saw a big dog. It was happy. "
@@ -34,20 +31,14 @@ def tokenizer():
 
 
 def tiny_model(vocab_size, seed=0, **overrides):
-    torch.manual_seed(seed)
-    values = dict(vocab_size=vocab_size, block_size=16, n_layer=2, n_head=2, n_embd=32)
-    values.update(overrides)
-    return TinyLM(ModelConfig(**values)).eval()
+    return helpers.tiny_model(vocab_size, seed, **{"block_size": 16, "n_embd": 32, **overrides})
 
 
 @pytest.fixture(scope="module")
 def run_dir(tmp_path_factory, tokenizer):
     """A run directory with one tiny (untrained) checkpoint."""
     run = tmp_path_factory.mktemp("run")
-    model = tiny_model(tokenizer.vocab_size, block_size=32, n_layer=1)
-    save_checkpoint(run, model, tokenizer, {"model": model.config.to_dict()}, step=1,
-                    tags=("last", "best"))
-    return run
+    return save_run(run, tiny_model(tokenizer.vocab_size, block_size=32, n_layer=1), tokenizer)
 
 
 # ---- sampling -------------------------------------------------------------------------------
@@ -186,9 +177,7 @@ def test_missing_checkpoint_is_a_clear_error(tmp_path):
 
 
 def _cli(*args, cwd):
-    env = {**os.environ, "PYTHONIOENCODING": "utf-8"}
-    return subprocess.run([sys.executable, "-m", "tinylm.cli.generate", *args], cwd=cwd, env=env,
-                          capture_output=True, text=True, timeout=120)
+    return run_cli("tinylm.cli.generate", *args, cwd=cwd, timeout=120)
 
 
 @pytest.mark.slow

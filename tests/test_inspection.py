@@ -2,7 +2,7 @@
 
 import numpy as np
 import pytest
-import torch
+from helpers import tiny_model
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from tinylm.inspection import (
@@ -17,7 +17,6 @@ from tinylm.inspection import (
     word_at,
     word_level,
 )
-from tinylm.model import ModelConfig, TinyLM
 from tinylm.tokenizer import BPETokenizer, CharTokenizer
 
 TEXT = "Lily and Tom went to the park. She saw a big dog. It was happy."
@@ -26,12 +25,6 @@ TEXT = "Lily and Tom went to the park. She saw a big dog. It was happy."
 @pytest.fixture(scope="module")
 def tokenizer():
     return BPETokenizer.train([TEXT * 3 + " Tom's cat ran. He laughed."], vocab_size=290)
-
-
-def tiny_model(vocab_size, block_size=64):
-    torch.manual_seed(0)
-    return TinyLM(ModelConfig(vocab_size=vocab_size, block_size=block_size, n_layer=2,
-                              n_head=2, n_embd=16)).eval()
 
 
 def test_capture_records_every_layer_and_head_as_causal_distributions(tokenizer):

@@ -4,23 +4,20 @@ bad input and the tinylm-probe command."""
 import dataclasses
 import json
 import math
-import os
-import subprocess
-import sys
 from collections import Counter
 
 import numpy as np
 import pytest
 import torch
+from helpers import run_cli, save_run, tiny_model
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from torch import nn
 
-from tinylm.checkpoint import save_checkpoint
 from tinylm.config import config_dir, project_root, to_dataclass
 from tinylm.inspection import NAMES, find_words
-from tinylm.model import LMOutput, ModelConfig, TinyLM
+from tinylm.model import LMOutput, TinyLM
 from tinylm.probe import (
     EncodedAgreementItem,
     ProbeConfig,
@@ -64,12 +61,6 @@ def bpe():
     texts = [json.loads(line)["text"] for name in ("pronouns", "agreement")
              for line in (PROBES / f"{name}.jsonl").read_text().splitlines()]
     return BPETokenizer.train(texts, vocab_size=300)
-
-
-def tiny_model(vocab_size, seed=0, **overrides):
-    torch.manual_seed(seed)
-    values = dict(vocab_size=vocab_size, block_size=64, n_layer=2, n_head=2, n_embd=16)
-    return TinyLM(ModelConfig(**{**values, **overrides})).eval()
 
 
 # ---- attention scoring ------------------------------------------------------------------------
@@ -327,10 +318,8 @@ def test_a_mixed_file_loads_both_kinds_and_ignores_other_fields(tmp_path):
 @pytest.fixture(scope="module")
 def run_dir(tmp_path_factory, bpe):
     run = tmp_path_factory.mktemp("run")
-    model = tiny_model(bpe.vocab_size, block_size=128)  # the shipped items are < 128 characters
-    save_checkpoint(run, model, bpe, {"model": model.config.to_dict()}, step=1,
-                    tags=("last", "best"))
-    return run
+    # the shipped items are < 128 characters
+    return save_run(run, tiny_model(bpe.vocab_size, block_size=128), bpe)
 
 
 def test_probe_yaml_and_config_dataclass_have_the_same_keys():
@@ -378,9 +367,7 @@ def test_each_kind_alone_reports_what_it_can(run_dir, tmp_path, capsys):
 
 
 def _cli(*args, cwd):
-    env = {**os.environ, "PYTHONIOENCODING": "utf-8"}
-    return subprocess.run([sys.executable, "-m", "tinylm.cli.probe", *args], cwd=cwd, env=env,
-                          capture_output=True, text=True, timeout=300)
+    return run_cli("tinylm.cli.probe", *args, cwd=cwd)
 
 
 @pytest.mark.slow

@@ -179,30 +179,36 @@ class MultiHeadAttention(nn.Module):
         q, k, v = self.project_heads(x)  # (B, nh, T, hs) each
         if kv_cache is not None:
             k, v = kv_cache.append(k, v)  # (B, nh, T_k, hs), T_k >= T
-        t_k = k.size(2)
         dropout_p = self.dropout if self.training else 0.0
 
         if need_weights:
             y, weights = scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=dropout_p)
         else:
             weights = None
-            dtype = q.dtype
-            if q.device.type == "cpu" and dtype == torch.bfloat16:
-                # PyTorch's fused CPU kernel is about 2.5x slower in bf16 than in fp32 (torch
-                # 2.13, forward + backward; docs/benchmarks.md), so bf16 on the CPU attends in fp32
-                q, k, v = q.float(), k.float(), v.float()
-            if T == t_k:
-                y = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=True)
-            elif T == 1:  # one new token sees every cached position: nothing to mask
-                y = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p)
+            if q.device.type == "cpu" and q.dtype == torch.bfloat16:
+                # PyTorch's fused CPU kernel is ~2.5x slower in bf16 than in fp32 (torch 2.13,
+                # forward + backward; docs/benchmarks.md), so attend in fp32, outside autocast
+                # (which would cast q, k, v back to bf16)
+                with torch.autocast("cpu", enabled=False):
+                    y = self._fused_attention(q.float(), k.float(), v.float(), dropout_p)
+                y = y.to(q.dtype)
             else:
-                # the fused kernel's is_causal aligns queries to the first keys, not the last
-                visible = ~causal_mask(T, t_k, q.device)
-                y = F.scaled_dot_product_attention(q, k, v, attn_mask=visible, dropout_p=dropout_p)
-            y = y.to(dtype)
+                y = self._fused_attention(q, k, v, dropout_p)
 
         if head_mask is not None:
             y = y * head_mask.view(1, self.n_head, 1, 1).to(y.dtype)
         y = y.transpose(1, 2).contiguous().view(B, T, C)  # concatenate heads: (B, T, nh*hs)
         y = self.resid_dropout(self.out_proj(y))
         return y, weights
+
+    @staticmethod
+    def _fused_attention(q, k, v, dropout_p: float) -> torch.Tensor:
+        """PyTorch's fused kernel on q (B, nh, T, hs) and the cached k, v (B, nh, T_k, hs)."""
+        T, t_k = q.size(2), k.size(2)
+        if T == t_k:
+            return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=True)
+        if T == 1:  # one new token sees every cached position: nothing to mask
+            return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p)
+        # the fused kernel's is_causal aligns queries to the first keys, not the last
+        visible = ~causal_mask(T, t_k, q.device)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=visible, dropout_p=dropout_p)

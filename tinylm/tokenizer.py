@@ -114,9 +114,12 @@ class BPETokenizer(Tokenizer):
         self._bytes_of_symbol = _byte_symbols()
 
     @classmethod
-    def train(cls, texts: Iterable[str], vocab_size: int, length: int | None = None
-              ) -> BPETokenizer:
-        """Learn merges on `texts` until vocab_size ids (fewer if the texts run out of pairs)."""
+    def train(cls, texts: Iterable[str], vocab_size: int, length: int | None = None,
+              show_progress: bool | None = None) -> BPETokenizer:
+        """Learn merges on `texts` until vocab_size ids (fewer if the texts run out of pairs).
+
+        `show_progress`: draw progress bars; None = when stdout is a terminal.
+        """
         from tokenizers import Tokenizer as HFTokenizer
         from tokenizers import decoders, models, pre_tokenizers, trainers
 
@@ -129,7 +132,7 @@ class BPETokenizer(Tokenizer):
             # all 256 bytes from the start, so text never seen in training still encodes
             initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
             # its progress bars draw on stdout; in a log file they are only blank lines
-            show_progress=sys.stdout.isatty())
+            show_progress=sys.stdout.isatty() if show_progress is None else show_progress)
         hf.train_from_iterator(texts, trainer, length=length)
         return cls(hf)
 
@@ -228,12 +231,12 @@ class CharTokenizer(Tokenizer):
         Path(path).write_text(json.dumps(data, ensure_ascii=False), encoding="utf-8")
 
 
-def train_tokenizer(cfg: TokenizerConfig, texts: Iterable[str], length: int | None = None
-                    ) -> Tokenizer:
+def train_tokenizer(cfg: TokenizerConfig, texts: Iterable[str], length: int | None = None,
+                    show_progress: bool | None = None) -> Tokenizer:
     """Train the tokenizer `cfg` names on `texts` (`length`: how many, for the progress bar)."""
     if cfg.name == "char":
         return CharTokenizer.train(texts)
-    return BPETokenizer.train(texts, cfg.vocab_size, length=length)
+    return BPETokenizer.train(texts, cfg.vocab_size, length=length, show_progress=show_progress)
 
 
 def load_tokenizer(path: str | Path) -> Tokenizer:

@@ -1,0 +1,29 @@
+"""tinylm-bench: time tinylm beside torch's nn.MultiheadAttention and a Hugging Face GPT-2.
+
+    tinylm-bench                    # every section: tables on stdout, JSON in runs/bench/
+    tinylm-bench section=generate repeats=9 out=generate.json
+    (options: conf/bench.yaml; docs/benchmarks.md; the peers: pip install -e ".[bench]")
+"""
+
+from __future__ import annotations
+
+import hydra
+from omegaconf import DictConfig, OmegaConf
+
+from tinylm.cli import run_or_exit
+from tinylm.config import config_dir
+
+
+@hydra.main(version_base="1.3", config_path=str(config_dir()), config_name="bench")
+def main(cfg: DictConfig) -> None:
+    """Compose conf/bench.yaml and run the benchmark; bad options exit with one clear line."""
+    # the heavy imports (torch, transformers) wait until Hydra has parsed the command line
+    from tinylm.bench import bench_config, run_bench
+
+    run_or_exit("tinylm-bench",
+                lambda: run_bench(bench_config(OmegaConf.to_container(cfg, resolve=True))),
+                errors=(ValueError, FileNotFoundError, ModuleNotFoundError))
+
+
+if __name__ == "__main__":
+    main()
