@@ -1,0 +1,408 @@
+"""Behaviour of tinylm.train and tinylm-train: configs, the loop, checkpoints, resume, bad input.
+
+Every run uses the real conf/ tree made tiny (a 2-layer model on a corpus the tests write).
+"""
+
+import os
+import random
+import shlex
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+import torch
+from helpers import run_cli
+from hydra import compose, initialize_config_dir
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+import tinylm.checkpoint
+import tinylm.model
+from tinylm.checkpoint import load_checkpoint, resolve_checkpoint_dir
+from tinylm.cli.train import check_command_line
+from tinylm.config import ConfigError, config_dir, project_root
+from tinylm.data import BatchSampler, prepare_data
+from tinylm.train import (
+    OptimConfig,
+    RunConfig,
+    TrainingDiverged,
+    TrainingInterrupted,
+    configure_optimizer,
+    evaluate,
+    lr_at,
+    train,
+)
+
+# A tiny model on a tiny corpus: a run of 30 steps takes about a second on a quiet core.
+TINY = ["data=text", "tokenizer.vocab_size=300", "model.n_layer=2", "model.n_head=2",
+        "model.n_embd=32", "model.block_size=32", "train.batch_size=8", "train.max_steps=30",
+        "train.eval_interval=10", "train.eval_batches=2", "train.checkpoint_interval=10",
+        "train.log_interval=1", "train.sample_tokens=0", "train.probe_prompt=''",
+        "train.device=cpu", "train.precision=fp32", "optim.lr=1e-2", "optim.warmup_steps=5"]
+PEOPLE = [("Lily", "she"), ("Tom", "he"), ("Mia", "she"), ("Ben", "he"), ("Sue", "she")]
+THINGS = ["ball", "cat", "kite", "cake", "red box", "little dog"]
+
+
+def story(rng: random.Random) -> str:
+    name, pronoun = rng.choice(PEOPLE)
+    thing = rng.choice(THINGS)
+    return (f"Once upon a time, {name} found a {thing}. {pronoun.capitalize()} was very happy. "
+            f"{name} played with the {thing} all day, and then {pronoun} went home.")
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    """A small TinyStories-like text, and one data cache for every run in this module."""
+    root = tmp_path_factory.mktemp("corpus")
+    rng = random.Random(0)
+    (root / "stories.txt").write_text("\n\n".join(story(rng) for _ in range(300)))
+    return root
+
+
+def run_config(corpus, run_dir, *overrides) -> RunConfig:
+    """Compose conf/ like the command line does, with TINY and `overrides` on top."""
+    with initialize_config_dir(config_dir=str(config_dir()), version_base="1.3"):
+        cfg = compose("config", [*TINY, f"data.files=[{corpus / 'stories.txt'}]",
+                                 f"data.cache_dir={corpus / 'cache'}", *overrides])
+    return RunConfig.from_config(cfg, run_dir)
+
+
+def scalars(run_dir, tag):
+    events = EventAccumulator(str(run_dir / "tensorboard"), size_guidance={"scalars": 0})
+    events.Reload()
+    return [(e.step, e.value) for e in events.Scalars(tag)]
+
+
+def weights(run_dir, tag="last"):
+    return load_checkpoint(run_dir, prefer=tag).model.state_dict()
+
+
+@pytest.fixture(scope="module")
+def full_run(corpus, tmp_path_factory):
+    """One uninterrupted run with dropout (so the RNG matters), shared by several tests."""
+    run_dir = tmp_path_factory.mktemp("full") / "run"
+    metrics = train(run_config(corpus, run_dir, "model.dropout=0.1", "train.sample_tokens=16",
+                               "train.probe_prompt='Lily went home. She'"))
+    return run_dir, metrics
+
+
+# ------------------------------------------------------------------------------- configs
+
+
+def group_options(group):
+    return sorted(p.stem for p in (config_dir() / group).glob("*.yaml"))
+
+
+@pytest.mark.parametrize("override", [
+    f"{group}={option}" for group in ("model", "data", "tokenizer", "optim", "train")
+    for option in group_options(group)] + [
+    f"experiment={name}" for name in group_options("experiment")])
+def test_every_config_option_and_experiment_builds_its_dataclasses(override):
+    extra = ["data.files=[a.txt]"] if override == "data=text" else []
+    with initialize_config_dir(config_dir=str(config_dir()), version_base="1.3"):
+        cfg = compose("config", [override, *extra])
+    run = RunConfig.from_config(cfg, "runs/x")
+    assert run.train.max_steps >= 1 and run.optim.lr > 0
+
+
+def test_shakespeare_char_experiment_has_nanogpts_cpu_settings():
+    with initialize_config_dir(config_dir=str(config_dir()), version_base="1.3"):
+        run = RunConfig.from_config(compose("config", ["experiment=shakespeare_char"]), "x")
+    m, o, t = run.model, run.optim, run.train
+    assert (run.data.name, run.tokenizer.name) == ("tinyshakespeare", "char")
+    assert (m.n_layer, m.n_head, m.n_embd, m.block_size, m.dropout, m.bias) == (
+        4, 4, 128, 64, 0.0, False)
+    assert (t.batch_size, t.max_steps, t.eval_interval, t.eval_batches) == (12, 2000, 250, 20)
+    assert (o.lr, o.min_lr, o.lr_decay_steps, o.warmup_steps, o.beta2, o.weight_decay,
+            o.grad_clip) == (1e-3, 1e-4, 2000, 100, 0.99, 0.1, 1.0)
+
+
+def test_lr_warms_up_linearly_then_follows_a_cosine_to_min_lr():
+    o = OptimConfig(lr=1e-3, min_lr=1e-4, warmup_steps=10, lr_decay_steps=110)
+    lrs = [lr_at(s, o, max_steps=200) for s in range(200)]
+    assert lrs[0] == pytest.approx(1e-3 / 11) and lrs[9] == pytest.approx(1e-3 * 10 / 11)
+    assert lrs[10] == pytest.approx(1e-3)
+    assert lrs[60] == pytest.approx(1e-4 + 0.5 * 9e-4)  # halfway down the cosine
+    assert all(a >= b for a, b in zip(lrs[10:], lrs[11:], strict=False))
+    assert lrs[110:] == [1e-4] * 90
+
+
+def test_weight_decay_skips_norms_biases_and_the_tied_embedding():
+    model = tinylm.model.TinyLM(tinylm.model.ModelConfig(vocab_size=50, block_size=8, n_layer=1,
+                                                         n_head=2, n_embd=8, bias=True))
+    decay, no_decay = configure_optimizer(model, OptimConfig()).param_groups
+    names = {id(p): n for n, p in model.named_parameters()}
+    decayed = sorted(names[id(p)] for p in decay["params"])
+    assert decayed == ["blocks.0.attn.out_proj.weight", "blocks.0.attn.qkv_proj.weight",
+                       "blocks.0.mlp.fc.weight", "blocks.0.mlp.proj.weight"]
+    assert decay["weight_decay"] == 0.1 and no_decay["weight_decay"] == 0.0
+    assert len(decay["params"]) + len(no_decay["params"]) == len(names)
+    assert "wte.weight" in {names[id(p)] for p in no_decay["params"]}
+
+
+# ------------------------------------------------------------------------------ the loop
+
+
+def test_short_run_lowers_the_loss_and_writes_a_loadable_checkpoint(full_run):
+    run_dir, metrics = full_run
+    val = scalars(run_dir, "val/loss")
+    assert [s for s, _ in val] == [10, 20, 30]
+    assert val[-1][1] < val[0][1] < 5.0  # ln(300) = 5.7 at the start
+    train_losses = [v for _, v in scalars(run_dir, "train/loss")]
+    assert len(train_losses) == 30 and sum(train_losses[-5:]) < sum(train_losses[:5])
+    assert metrics["val_loss"] == pytest.approx(val[-1][1])
+
+    ckpt = load_checkpoint(run_dir, prefer="last")
+    assert ckpt.directory.name == "step-0000030"
+    assert ckpt.run_config["model"]["vocab_size"] == ckpt.tokenizer.vocab_size == 300
+    assert ckpt.run_config["train"]["max_steps"] == 30
+    state = torch.load(ckpt.trainer_state_path, weights_only=True)
+    assert state["step"] == 30 and state["best_val_loss"] == pytest.approx(min(v for _, v in val))
+    assert torch.equal(weights(run_dir, "best")["wte.weight"], ckpt.model.wte.weight)  # 30 best
+    # the reloaded model computes the validation loss the run reported (the same windows)
+    run = RunConfig.from_config(ckpt.run_config, run_dir)
+    prepared = prepare_data(run.data, run.tokenizer, log=lambda _: None)
+    val_ids = np.memmap(prepared.val_path, dtype=prepared.meta["dtype"], mode="r")
+    val_loss = evaluate(ckpt.model, val_ids, run.train, 32, torch.device("cpu"))
+    assert val_loss == pytest.approx(metrics["val_loss"], abs=1e-6)
+
+
+def test_tensorboard_holds_the_promised_scalars_text_images_and_hparams(full_run):
+    run_dir, _ = full_run
+    events = EventAccumulator(str(run_dir / "tensorboard"), size_guidance={
+        "scalars": 0, "images": 0, "tensors": 0})
+    events.Reload()
+    tags = events.Tags()
+    assert {"train/loss", "train/lr", "train/grad_norm", "train/tokens_per_sec", "train/mfu",
+            "val/loss", "val/perplexity"} <= set(tags["scalars"])
+    assert {"attention/layer_00", "attention/layer_01"} <= set(tags["images"])
+    assert [e.step for e in events.Images("attention/layer_01")] == [10, 20, 30]
+    assert "samples/text/text_summary" in tags["tensors"]
+    sample = events.Tensors("samples/text/text_summary")[-1].tensor_proto.string_val[0].decode()
+    assert sample.startswith("```\nOnce upon a time")
+    assert "_hparams_/experiment" in events.PluginTagToContent("hparams")
+    mfu = [v for _, v in scalars(run_dir, "train/mfu")]
+    assert all(0 < v < 1 for v in mfu)
+
+
+def test_resume_after_sigint_matches_the_uninterrupted_run_bit_for_bit(
+        corpus, full_run, tmp_path, monkeypatch):
+    run_dir = tmp_path / "run"
+    cfg = run_config(corpus, run_dir, "model.dropout=0.1", "train.sample_tokens=16",
+                     "train.probe_prompt='Lily went home. She'")
+    draw, calls = BatchSampler.next_batch, []
+
+    def next_batch_then_ctrl_c(self, device="cpu"):  # Ctrl-C arrives during step 13
+        if self.path.name == "train.bin":
+            calls.append(1)
+            if len(calls) == 13:
+                os.kill(os.getpid(), signal.SIGINT)
+        return draw(self, device)
+
+    monkeypatch.setattr(BatchSampler, "next_batch", next_batch_then_ctrl_c)
+    with pytest.raises(TrainingInterrupted) as stopped:
+        train(cfg)
+    assert stopped.value.signum == signal.SIGINT and stopped.value.step == 13
+    assert stopped.value.checkpoint.name == "step-0000013"
+    monkeypatch.setattr(BatchSampler, "next_batch", draw)
+
+    cfg.train.resume = True
+    metrics = train(cfg)
+    full_dir, full_metrics = full_run
+    assert metrics["val_loss"] == full_metrics["val_loss"]
+    assert scalars(run_dir, "train/loss") == scalars(full_dir, "train/loss")
+    assert scalars(run_dir, "val/loss") == scalars(full_dir, "val/loss")
+    for tag in ("last", "best"):
+        resumed, uninterrupted = weights(run_dir, tag), weights(full_dir, tag)
+        assert resumed.keys() == uninterrupted.keys()
+        assert all(torch.equal(resumed[k], uninterrupted[k]) for k in resumed)
+
+
+def test_resume_from_a_checkpoint_path_continues_into_a_new_run_dir(corpus, full_run, tmp_path):
+    full_dir, _ = full_run
+    source = resolve_checkpoint_dir(full_dir, "best")
+    cfg = run_config(corpus, tmp_path / "more", "model.dropout=0.1", "train.max_steps=35",
+                     f"train.resume={source}")
+    metrics = train(cfg)
+    assert metrics["step"] == 35
+    assert [s for s, _ in scalars(tmp_path / "more", "train/loss")] == list(range(31, 36))
+
+
+def test_a_crash_while_saving_leaves_the_previous_checkpoint_loadable(
+        corpus, tmp_path, monkeypatch):
+    save, saves = torch.save, []
+
+    def save_twice_then_crash(obj, f, *args, **kwargs):
+        saves.append(f)
+        if len(saves) == 3:
+            with open(f, "wb") as half:  # a partly written file, then the crash
+                half.write(b"\x00" * 100)
+            raise OSError("disk full")
+        return save(obj, f, *args, **kwargs)
+
+    monkeypatch.setattr(tinylm.checkpoint.torch, "save", save_twice_then_crash)
+    with pytest.raises(OSError, match="disk full"):
+        train(run_config(corpus, tmp_path / "run"))
+    monkeypatch.setattr(tinylm.checkpoint.torch, "save", save)
+    ckpt = load_checkpoint(tmp_path / "run", prefer="last")
+    assert ckpt.directory.name == "step-0000020"
+    assert torch.load(ckpt.trainer_state_path, weights_only=True)["step"] == 20
+
+
+def test_nan_loss_stops_the_run_and_keeps_the_last_good_checkpoint(
+        corpus, tmp_path, monkeypatch):
+    cross_entropy, calls = tinylm.model.F.cross_entropy, []
+
+    def nan_from_step_15(*args, **kwargs):
+        calls.append(1)
+        loss = cross_entropy(*args, **kwargs)
+        return loss * float("nan") if torch.is_grad_enabled() and len(calls) > 16 else loss
+
+    monkeypatch.setattr(tinylm.model.F, "cross_entropy", nan_from_step_15)
+    with pytest.raises(TrainingDiverged, match=r"at step 15: loss nan; the last good "
+                                               r"checkpoint is .*step-0000010"):
+        train(run_config(corpus, tmp_path / "run"))
+    ckpt = load_checkpoint(tmp_path / "run", prefer="last")
+    assert ckpt.directory.name == "step-0000010"
+    assert all(torch.isfinite(p).all() for p in ckpt.model.parameters())
+
+
+# ----------------------------------------------------------------------------- bad input
+
+
+@pytest.mark.parametrize("override, message", [
+    ("trian.max_steps=5", "unknown config key or group trian"),
+    ("train.max_step=5", "unknown config key train.max_step (in train.max_step=5); "
+                         "allowed under train: max_steps,"),
+    ("model=huge", "model=huge: there is no model/huge.yaml; allowed model options: default"),
+    ("experiment=nope", "allowed experiment options: shakespeare_char"),
+    ("+model.n_layers=3", "unknown config key model.n_layers; allowed under model:"),
+    ("model.n_embd=130", "model.n_embd=130 is not allowed: must be divisible by model.n_head=4"),
+    ("train.batch_size=0", "train.batch_size=0 is not allowed: must be an integer >= 1"),
+    ("optim.lr=-0.001", "optim.lr=-0.001 is not allowed: must be a number >= 0"),
+    ("train.precision=fp8", "train.precision='fp8' is not allowed: allowed: auto, fp32, bf16"),
+])
+def test_bad_command_lines_are_refused_in_one_line_naming_key_and_value(override, message):
+    with pytest.raises(ConfigError) as refused:
+        check_command_line([override])
+    assert message in str(refused.value)
+    assert "\n" not in str(refused.value)
+
+
+def test_every_value_of_a_sweep_is_checked():
+    check_command_line(["optim.lr=1e-3,3e-3", "model.n_layer=1,2"])
+    with pytest.raises(ConfigError, match="optim.lr=-1.0 is not allowed"):
+        check_command_line(["model.n_layer=1,2", "optim.lr=1e-3,-1.0"])
+
+
+def test_block_size_longer_than_the_corpus_is_refused_by_name(corpus, tmp_path):
+    with pytest.raises(ConfigError, match=r"model.block_size \+ 1 = 100001"):
+        train(run_config(corpus, tmp_path / "run", "model.block_size=100000"))
+    assert not (tmp_path / "run").exists()
+
+
+def test_fresh_run_into_a_run_dir_with_checkpoints_is_refused(corpus, full_run):
+    full_dir, _ = full_run
+    with pytest.raises(ConfigError, match="already holds checkpoints.*train.resume=true"):
+        train(run_config(corpus, full_dir))
+
+
+def test_resume_without_a_checkpoint_is_refused(corpus, tmp_path):
+    with pytest.raises(ConfigError, match="train.resume=true but .* holds no checkpoint"):
+        train(run_config(corpus, tmp_path / "run", "train.resume=true"))
+
+
+@pytest.mark.parametrize("override, difference", [
+    ("model.n_layer=3", "model.n_layer: checkpoint 2, this run 3"),
+    ("tokenizer.vocab_size=280", "tokenizer.vocab_size: checkpoint 300, this run 280"),
+])
+def test_resume_from_a_checkpoint_of_another_shape_or_tokenizer_says_what_differs(
+        corpus, full_run, tmp_path, override, difference):
+    full_dir, _ = full_run
+    with pytest.raises(ConfigError, match=f"cannot resume from .*{difference}"):
+        train(run_config(corpus, tmp_path / "run", override, f"train.resume={full_dir}"))
+
+
+# ------------------------------------------------------------------ the command line
+
+
+def tinylm_train(*args, cwd, timeout=240):
+    return subprocess.run([sys.executable, str(project_root() / "scripts" / "train.py"), *args],
+                          cwd=cwd, capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.mark.slow
+def test_command_line_trains_prints_next_steps_and_refuses_bad_input_in_one_line(
+        corpus, tmp_path):
+    args = [*TINY, f"data.files=[{corpus / 'stories.txt'}]", f"data.cache_dir={corpus / 'cache'}"]
+    done = tinylm_train(*args, "train.max_steps=10", "hydra.run.dir=runs/one", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    run_dir = tmp_path / "runs" / "one"
+    assert (run_dir / "train.log").is_file() and (run_dir / "checkpoints" / "best").is_dir()
+    assert "checkpoints: runs/one/checkpoints/best -> step-0000010" in done.stdout
+    assert "tensorboard --logdir runs/one" in done.stdout
+    # the printed generate command works as printed
+    (generate,) = [line for line in done.stdout.splitlines() if "tinylm-generate" in line]
+    assert shlex.split(generate)[1:] == ["checkpoint=runs/one", 'prompt="Once upon a time"']
+    sample = run_cli("tinylm.cli.generate", *shlex.split(generate)[1:], "max_new_tokens=5",
+                     cwd=tmp_path)
+    assert sample.returncode == 0 and sample.stdout.startswith("Once upon a time"), sample.stderr
+
+    bad = tinylm_train("model.n_embd=33", cwd=tmp_path)
+    assert bad.returncode == 1 and bad.stderr.strip().splitlines() == [
+        "tinylm-train: error: model.n_embd=33 is not allowed: must be divisible by "
+        "model.n_head=4"]
+
+
+@pytest.mark.slow
+def test_sweep_writes_one_run_dir_per_job(corpus, tmp_path):
+    args = [*TINY, f"data.files=[{corpus / 'stories.txt'}]", f"data.cache_dir={corpus / 'cache'}"]
+    done = tinylm_train("-m", *args, "train.max_steps=5", "train.seed=1,2",
+                        "hydra.sweep.dir=sweep", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    for job in ("0", "1"):
+        assert (tmp_path / "sweep" / job / "checkpoints" / "last").is_dir()
+
+
+def start_training(args, cwd, until_step):
+    """Start scripts/train.py and return once its `last` checkpoint has reached `until_step`."""
+    # stderr to a file: an unread pipe could fill up with the progress bar and block training
+    with open(cwd / "stderr.txt", "w") as stderr:
+        proc = subprocess.Popen([sys.executable, str(project_root() / "scripts" / "train.py"),
+                                 *args], cwd=cwd, stdout=subprocess.DEVNULL, stderr=stderr)
+    last, deadline = cwd / "run" / "checkpoints" / "last", time.monotonic() + 180
+    while not (last.is_dir() and os.readlink(last) >= f"step-{until_step:07d}"):
+        if proc.poll() is not None or time.monotonic() > deadline:
+            proc.kill()
+            pytest.fail(f"no step {until_step}: {(cwd / 'stderr.txt').read_text()[-3000:]}")
+        time.sleep(0.05)
+    return proc
+
+
+@pytest.mark.slow
+def test_sigterm_saves_and_kill_9_at_any_moment_leaves_the_last_checkpoint_loadable(
+        corpus, tmp_path):
+    args = [*TINY, f"data.files=[{corpus / 'stories.txt'}]", f"data.cache_dir={corpus / 'cache'}",
+            "train.max_steps=100000", "train.checkpoint_interval=1", "hydra.run.dir=run"]
+    proc = start_training(args, tmp_path, until_step=3)
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=60) == 128 + signal.SIGTERM
+    stderr = (tmp_path / "stderr.txt").read_text()
+    saved = load_checkpoint(tmp_path / "run", prefer="last").directory.name
+    assert f"stopped by SIGTERM at step {int(saved[5:])}; saved " in stderr
+    assert "tinylm-train train.resume=true hydra.run.dir=" in stderr
+
+    # a checkpoint every step: kill -9 at a random moment, most likely in the middle of one
+    proc = start_training([*args, "train.resume=true"], tmp_path, until_step=int(saved[5:]) + 3)
+    time.sleep(random.uniform(0.0, 0.5))
+    proc.kill()
+    proc.wait()
+    ckpt = load_checkpoint(tmp_path / "run", prefer="last")
+    step = torch.load(ckpt.trainer_state_path, weights_only=True)["step"]
+    assert step >= int(saved[5:]) + 3 and ckpt.directory.name == f"step-{step:07d}"
+    resumed = tinylm_train(*args[:-3], f"train.max_steps={step + 2}", "train.resume=true",
+                           "hydra.run.dir=run", cwd=tmp_path)
+    assert resumed.returncode == 0, resumed.stderr
+    assert os.readlink(tmp_path / "run" / "checkpoints" / "last") == f"step-{step + 2:07d}"

@@ -1,0 +1,690 @@
+"""Training: AdamW with warmup and cosine decay, evaluation, TensorBoard, safe checkpoints, resume.
+
+From the command line (Hydra composes conf/; see tinylm/cli/train.py):
+
+    tinylm-train                                      # TinyStories sample, BPE, a few minutes
+    tinylm-train experiment=shakespeare_char          # nanoGPT's CPU Shakespeare settings
+    tinylm-train model.n_layer=2 train.max_steps=200 hydra.run.dir=runs/small
+    tinylm-train train.resume=true hydra.run.dir=runs/small    # continue where it stopped
+    torchrun --standalone --nproc_per_node=2 scripts/train.py  # DistributedDataParallel
+
+From Python, without Hydra:
+
+    from tinylm.train import RunConfig, TrainConfig, train
+    metrics = train(RunConfig(run_dir="runs/mine", train=TrainConfig(max_steps=100)))
+
+A run directory holds checkpoints/ (see tinylm/checkpoint.py) and tensorboard/ (scalars, samples,
+attention maps, hyperparameters). On CPU a run stopped and resumed reaches bit for bit the
+weights and losses of the same run uninterrupted: everything random is saved with the checkpoint.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import logging
+import math
+import os
+import signal
+import threading
+import time
+from dataclasses import dataclass, field
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from tinylm.checkpoint import (
+    CHECKPOINTS_DIR,
+    TOKENIZER_FILE,
+    TRAINER_STATE_FILE,
+    load_checkpoint,
+    resolve_checkpoint_dir,
+    save_checkpoint,
+)
+from tinylm.config import ConfigError, to_dataclass
+from tinylm.data import BatchSampler, DataConfig, check_enough_tokens, prepare_data
+from tinylm.device import resolve_device
+from tinylm.model import ModelConfig, TinyLM
+from tinylm.tokenizer import TokenizerConfig
+
+log = logging.getLogger(__name__)
+
+PRECISIONS = ("auto", "fp32", "bf16", "fp16")
+TENSORBOARD_DIR = "tensorboard"
+
+
+def _bad(key: str, value: Any, rule: str) -> ConfigError:
+    return ConfigError(f"{key}={value!r} is not allowed: {rule}")
+
+
+@dataclass
+class OptimConfig:
+    """AdamW and its learning-rate schedule; mirrors conf/optim/*.yaml."""
+
+    lr: float = 2e-3  # peak learning rate, reached after warmup_steps
+    min_lr: float = 1e-4  # where the cosine ends
+    warmup_steps: int = 100
+    lr_decay_steps: int | None = None  # None: train.max_steps
+    weight_decay: float = 0.1  # on Linear matrices only
+    beta1: float = 0.9
+    beta2: float = 0.99
+    grad_clip: float = 1.0  # max global gradient norm; 0 = no clipping
+
+    def __post_init__(self):
+        for key in ("lr", "min_lr", "weight_decay", "grad_clip"):
+            value = getattr(self, key)
+            if not isinstance(value, int | float) or isinstance(value, bool) or value < 0:
+                raise _bad(f"optim.{key}", value, "must be a number >= 0")
+        if self.min_lr > self.lr:
+            raise _bad("optim.min_lr", self.min_lr, f"must be <= optim.lr={self.lr}")
+        for key in ("beta1", "beta2"):
+            if not 0 <= getattr(self, key) < 1:
+                raise _bad(f"optim.{key}", getattr(self, key), "must be in [0, 1)")
+        if not isinstance(self.warmup_steps, int) or self.warmup_steps < 0:
+            raise _bad("optim.warmup_steps", self.warmup_steps, "must be an integer >= 0")
+        if self.lr_decay_steps is not None and (not isinstance(self.lr_decay_steps, int)
+                                                or self.lr_decay_steps < 1):
+            raise _bad("optim.lr_decay_steps", self.lr_decay_steps,
+                       "must be an integer >= 1, or null for train.max_steps")
+
+
+@dataclass
+class TrainConfig:
+    """The training loop, evaluation, logging and checkpoints; mirrors conf/train/*.yaml."""
+
+    max_steps: int = 2000
+    batch_size: int = 16  # sequences per micro-batch (per process under torchrun)
+    grad_accum_steps: int = 1  # micro-batches whose gradients add up to one optimizer step
+    eval_interval: int = 250  # steps between evaluations
+    eval_batches: int = 20  # validation batches per evaluation (the same windows each time)
+    checkpoint_interval: int = 250  # steps between checkpoints; 0: only at evaluations and end
+    log_interval: int = 10  # steps between TensorBoard scalars / progress-bar updates
+    seed: int = 1337
+    device: str = "auto"  # auto | cpu | cuda | cuda:N
+    precision: str = "auto"  # auto | fp32 | bf16 | fp16 (see resolve_precision)
+    compile: bool = False  # torch.compile the model
+    resume: bool | str = False  # False | True (this run dir's last checkpoint) | a checkpoint path
+    sample_prompt: str = "Once upon a time"  # continued at each evaluation, into TensorBoard
+    sample_tokens: int = 64  # 0: no sample
+    probe_prompt: str = "Lily and Tom went to the park. She"  # attention maps; "": none
+
+    def __post_init__(self):
+        for key, least in (("max_steps", 1), ("batch_size", 1), ("grad_accum_steps", 1),
+                           ("eval_interval", 1), ("eval_batches", 1), ("checkpoint_interval", 0),
+                           ("log_interval", 1), ("sample_tokens", 0)):
+            value = getattr(self, key)
+            if not isinstance(value, int) or isinstance(value, bool) or value < least:
+                raise _bad(f"train.{key}", value, f"must be an integer >= {least}")
+        if self.precision not in PRECISIONS:
+            raise _bad("train.precision", self.precision, f"allowed: {', '.join(PRECISIONS)}")
+        if not isinstance(self.resume, bool) and not (isinstance(self.resume, str)
+                                                      and self.resume):
+            raise _bad("train.resume", self.resume,
+                       "must be false, true or the path of a checkpoint or run directory")
+
+
+@dataclass
+class RunConfig:
+    """Everything one training run needs: one dataclass per config group, and where to write."""
+
+    run_dir: str = "runs/default"
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    tokenizer: TokenizerConfig = field(default_factory=TokenizerConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+
+    GROUPS = {"model": ModelConfig, "data": DataConfig, "tokenizer": TokenizerConfig,
+              "optim": OptimConfig, "train": TrainConfig}
+
+    @classmethod
+    def from_config(cls, cfg: Any, run_dir: str | Path) -> RunConfig:
+        """Build from a composed config (OmegaConf node or dict with one key per group)."""
+        from omegaconf import DictConfig, OmegaConf
+
+        values = OmegaConf.to_container(cfg, resolve=True) if isinstance(cfg, DictConfig) else cfg
+        unknown = sorted(set(values) - set(cls.GROUPS))
+        if unknown:
+            raise ConfigError(f"unknown config key {', '.join(unknown)}; allowed top-level keys: "
+                              f"{', '.join(cls.GROUPS)} (and experiment=<name>)")
+        groups = {name: to_dataclass(kind, values.get(name, {}), name)
+                  for name, kind in cls.GROUPS.items()}
+        return cls(run_dir=str(run_dir), **groups)
+
+    def to_dict(self) -> dict:
+        """The run config as plain data (what checkpoints store as config.yaml)."""
+        return {name: dataclasses.asdict(getattr(self, name)) for name in self.GROUPS}
+
+
+class TrainingInterrupted(Exception):
+    """Ctrl-C or SIGTERM stopped the run after a checkpoint was saved."""
+
+    def __init__(self, signum: int, checkpoint: Path | None, step: int):
+        self.signum, self.checkpoint, self.step = signum, checkpoint, step
+        name = signal.Signals(signum).name
+        where = f"saved {checkpoint}" if checkpoint else "nothing to save yet"
+        super().__init__(f"{name} at step {step}: {where}")
+
+
+class TrainingDiverged(RuntimeError):
+    """The loss or the gradients became NaN or infinite; the last good checkpoint is kept."""
+
+
+# ----------------------------------------------------------------------------------- pieces
+
+
+def lr_at(step: int, optim: OptimConfig, max_steps: int) -> float:
+    """Learning rate for optimizer step `step` (0-based): linear warmup, then cosine to min_lr."""
+    decay_steps = optim.lr_decay_steps or max_steps
+    if step < optim.warmup_steps:
+        # (step + 1) so that the very first step already moves the weights
+        return optim.lr * (step + 1) / (optim.warmup_steps + 1)
+    if step >= decay_steps:
+        return optim.min_lr
+    progress = (step - optim.warmup_steps) / max(1, decay_steps - optim.warmup_steps)
+    return optim.min_lr + 0.5 * (1.0 + math.cos(math.pi * progress)) * (optim.lr - optim.min_lr)
+
+
+def configure_optimizer(model: nn.Module, optim: OptimConfig) -> torch.optim.AdamW:
+    """AdamW with weight decay on Linear matrices only; norms, biases, embeddings are not decayed.
+
+    Decay pulls weights toward 0; for a norm's gain or a bias that is not a sensible prior, and
+    the token embedding (shared with the LM head) holds rare tokens that get few gradient updates
+    and would shrink toward nothing.
+    """
+    embeddings = {id(m.weight) for m in model.modules() if isinstance(m, nn.Embedding)}
+    decay, no_decay = [], []
+    for p in model.parameters():  # the tied LM head appears once, as the token embedding
+        (decay if p.dim() >= 2 and id(p) not in embeddings else no_decay).append(p)
+    groups = [{"params": decay, "weight_decay": optim.weight_decay},
+              {"params": no_decay, "weight_decay": 0.0}]
+    return torch.optim.AdamW(groups, lr=optim.lr, betas=(optim.beta1, optim.beta2))
+
+
+def resolve_precision(precision: str, device: torch.device) -> torch.dtype:
+    """The autocast dtype for train.precision; `auto` picks the fastest that keeps the loss curve.
+
+    auto: bf16 on CUDA GPUs that have it, else fp16 (with a gradient scaler); on CPUs with bf16
+    instructions (AVX512-BF16 or AMX) bf16, which trains tinylm's default model ~1.4x faster than
+    fp32 with the same losses; fp32 on other CPUs, where bf16 is emulated and slow.
+    """
+    if precision == "auto":
+        if device.type == "cuda":
+            return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+        cpu = torch.cpu
+        fast_bf16 = getattr(cpu, "_is_avx512_bf16_supported", lambda: False)() or \
+            getattr(cpu, "_is_amx_tile_supported", lambda: False)()
+        return torch.bfloat16 if device.type == "cpu" and fast_bf16 else torch.float32
+    if precision == "fp16" and device.type != "cuda":
+        raise _bad("train.precision", precision, "fp16 needs CUDA; use bf16 or fp32 on the CPU")
+    return {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[precision]
+
+
+@lru_cache(maxsize=8)
+def matmul_peak_flops(device: torch.device, dtype: torch.dtype) -> float:
+    """This machine's matmul FLOP/s in `dtype`, measured once per process (well under a second)."""
+    n = 4096 if device.type == "cuda" else 1024
+    # its own generator: the global RNG (dropout) must not depend on whether this ran
+    generator = torch.Generator().manual_seed(0)
+    a, b = (torch.randn(n, n, generator=generator).to(device, dtype) for _ in range(2))
+    best = math.inf
+    for _ in range(4):  # the first product also pays for kernel selection; keep the best
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        start = time.perf_counter()
+        a @ b
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        best = min(best, time.perf_counter() - start)
+    return 2 * n**3 / best
+
+
+def init_distributed() -> tuple[int, int, int]:
+    """(rank, local_rank, world_size); under torchrun, joins the process group (once)."""
+    world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    if world_size == 1:
+        return 0, 0, 1
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    if not dist.is_initialized():
+        if torch.cuda.is_available():
+            torch.cuda.set_device(local_rank)
+        # gloo for CPU tensors, NCCL for CUDA tensors: one group serves either device
+        backend = "cpu:gloo,cuda:nccl" if torch.cuda.is_available() else "gloo"
+        dist.init_process_group(backend)
+    return dist.get_rank(), local_rank, dist.get_world_size()
+
+
+class _StopSignals:
+    """Turns the first SIGINT/SIGTERM into a flag the loop checks between steps.
+
+    A second signal interrupts at once (a checkpoint being written stays invisible until
+    complete, so even that leaves the last good one readable), except under torchrun: there
+    Ctrl-C reaches each worker twice, from the terminal and forwarded by torchrun, and torchrun
+    itself kills workers that take too long.
+    """
+
+    def __init__(self, abort_on_second: bool = True):
+        self.signum: int | None = None
+        self.abort_on_second = abort_on_second
+        self._previous: dict[int, Any] = {}
+
+    def _handle(self, signum, frame):
+        if self.signum is not None and self.abort_on_second:
+            raise KeyboardInterrupt
+        self.signum = self.signum or signum
+
+    def __enter__(self):
+        if threading.current_thread() is threading.main_thread():  # signals only work there
+            for signum in (signal.SIGINT, signal.SIGTERM):
+                self._previous[signum] = signal.signal(signum, self._handle)
+        return self
+
+    def __exit__(self, *exc):
+        for signum, handler in self._previous.items():
+            signal.signal(signum, handler)
+
+
+# ------------------------------------------------------------------------------- the run
+
+
+def _checkpoint_to_resume(cfg: RunConfig) -> Path | None:
+    """Which checkpoint train.resume means; refuses to start a fresh run over an old one."""
+    run_dir, resume = Path(cfg.run_dir), cfg.train.resume
+    checkpoints = run_dir / CHECKPOINTS_DIR
+    has_checkpoints = any((checkpoints / tag).exists() for tag in ("last", "best"))
+    if resume is False:
+        if has_checkpoints:
+            raise ConfigError(f"{run_dir} already holds checkpoints ({checkpoints}); continue "
+                              f"that run with train.resume=true hydra.run.dir={run_dir}, or "
+                              "start a new one in another hydra.run.dir")
+        return None
+    if resume is True:
+        if not has_checkpoints:
+            raise ConfigError(f"train.resume=true but {run_dir} holds no checkpoint; point "
+                              "hydra.run.dir at the run to continue, or pass "
+                              "train.resume=<checkpoint or run dir>")
+        return resolve_checkpoint_dir(run_dir, prefer="last")
+    try:
+        directory = resolve_checkpoint_dir(resume, prefer="last")
+    except FileNotFoundError as err:
+        raise ConfigError(f"train.resume={resume}: {err}") from None
+    if has_checkpoints and not directory.resolve().is_relative_to(run_dir.resolve()):
+        raise ConfigError(f"{run_dir} already holds checkpoints of another run; resume "
+                          f"{resume} into a new hydra.run.dir")
+    return directory
+
+
+def _check_resume_matches(ckpt, model_cfg: ModelConfig, cfg: RunConfig, tokenizer_file: Path):
+    """Refuse a checkpoint of another model shape or tokenizer, saying what differs.
+
+    Dropout is not part of the shape: a run may continue with another dropout.
+    """
+    saved_tok = ckpt.run_config.get("tokenizer", {})
+    differences = [
+        f"model.{k}: checkpoint {v!r}, this run {getattr(model_cfg, k)!r}"
+        for k, v in dataclasses.asdict(ckpt.config).items()
+        if k != "dropout" and getattr(model_cfg, k) != v]
+    differences += [
+        f"tokenizer.{k}: checkpoint {saved_tok[k]!r}, this run {v!r}"
+        for k, v in dataclasses.asdict(cfg.tokenizer).items() if k in saved_tok
+        and saved_tok[k] != v]
+    if not differences and (ckpt.directory / TOKENIZER_FILE).read_bytes() != \
+            tokenizer_file.read_bytes():
+        differences.append(f"tokenizer: {ckpt.directory / TOKENIZER_FILE} differs from this "
+                           f"run's {tokenizer_file} (was data.* changed?)")
+    if differences:
+        raise ConfigError(f"cannot resume from {ckpt.directory}: it does not match this run's "
+                          f"config: {'; '.join(differences)}")
+    if not (ckpt.directory / TRAINER_STATE_FILE).is_file():
+        raise ConfigError(f"cannot resume from {ckpt.directory}: it has no {TRAINER_STATE_FILE}")
+
+
+def _gather(obj: Any, world_size: int) -> list[Any]:
+    """[obj of rank 0, obj of rank 1, ...] on every rank."""
+    if world_size == 1:
+        return [obj]
+    out: list[Any] = [None] * world_size
+    dist.all_gather_object(out, obj)
+    return out
+
+
+def _all_reduce(values: list[float], world_size: int, op=None) -> list[float]:
+    if world_size == 1:
+        return values
+    t = torch.tensor(values, dtype=torch.float64)
+    dist.all_reduce(t, op=op or dist.ReduceOp.SUM)
+    return t.tolist()
+
+
+@torch.no_grad()
+def evaluate(model: nn.Module, val_ids: np.ndarray, cfg: TrainConfig, block_size: int,
+             device: torch.device, autocast=None, rank: int = 0,
+             world_size: int = 1) -> float:
+    """Mean loss over cfg.eval_batches batches of windows spread evenly over the val split.
+
+    Evenly spread instead of random: the same windows at every evaluation and in every run,
+    whatever the seed, and a closer estimate of the whole split's loss for the same cost.
+    """
+    n = cfg.eval_batches * cfg.batch_size * world_size
+    starts = np.linspace(0, len(val_ids) - block_size - 1, n).round().astype(np.int64)
+    autocast = autocast or contextlib.nullcontext()
+    model.eval()
+    total = 0.0
+    for batch in np.array_split(starts[rank::world_size], cfg.eval_batches):  # (B,) each
+        windows = torch.from_numpy(val_ids[batch[:, None] + np.arange(block_size + 1)]
+                                   .astype(np.int64)).to(device)  # (B, T + 1)
+        with autocast:
+            total += model(windows[:, :-1], windows[:, 1:]).loss.item()
+    model.train()
+    return _all_reduce([total / cfg.eval_batches], world_size)[0] / world_size
+
+
+def _log_sample_and_attention(writer, model: TinyLM, tokenizer, cfg: TrainConfig, step: int,
+                              device: torch.device) -> None:
+    """TensorBoard: a continuation of sample_prompt, and every layer's heads on probe_prompt."""
+    from tinylm.generate import encode_prompt, generate
+    from tinylm.inspection import capture_attention
+    from tinylm.plots import attention_grid_figure, figure_to_image
+
+    model.eval()
+    if cfg.sample_tokens:
+        ids, _ = encode_prompt(tokenizer, cfg.sample_prompt, model.config.block_size)
+        generator = torch.Generator(device=device).manual_seed(cfg.seed)  # the same each time
+        out = generate(model, torch.tensor([ids], device=device), cfg.sample_tokens,
+                       temperature=0.8, top_k=50, generator=generator,
+                       stop_id=tokenizer.eot_id)
+        text = tokenizer.decode(out[0].tolist())
+        writer.add_text("samples/text", "```\n" + text + "\n```", step)
+    if cfg.probe_prompt:
+        capture = capture_attention(model, tokenizer, cfg.probe_prompt)
+        for layer, weights in enumerate(capture.weights):
+            fig = attention_grid_figure(weights, capture.tokens, f"layer {layer}, step {step}")
+            writer.add_image(f"attention/layer_{layer:02d}", figure_to_image(fig), step,
+                             dataformats="HWC")
+    model.train()
+
+
+def _write_hparams(writer, cfg: RunConfig) -> None:
+    """The run's hyperparameters for TensorBoard's HPARAMS tab (metrics: the val scalars)."""
+    import yaml
+    from torch.utils.tensorboard.summary import hparams
+
+    flat = {f"{group}.{key}": value if isinstance(value, int | float | str | bool) else str(value)
+            for group, values in cfg.to_dict().items() for key, value in values.items()}
+    for summary in hparams(flat, {"val/loss": 0.0, "val/perplexity": 0.0}):
+        writer.file_writer.add_summary(summary)
+    writer.add_text("config", "```\n" + yaml.safe_dump(cfg.to_dict(), sort_keys=False) + "```")
+
+
+class Trainer:
+    """One run's moving parts (model, optimizer, sampler, logs) and the steps that move them.
+
+    Under torchrun every rank builds one; they take the same steps in lockstep, and only rank 0
+    writes logs and checkpoints.
+    """
+
+    def __init__(self, cfg: RunConfig):
+        t = self.t = cfg.train
+        self.cfg, self.run_dir = cfg, Path(cfg.run_dir)
+        self.rank, local_rank, self.world_size = init_distributed()
+        self.is_main = self.rank == 0
+        self.info = log.info if self.is_main else log.debug
+        device = resolve_device(t.device)
+        if device.type == "cuda" and self.world_size > 1:
+            device = torch.device("cuda", local_rank)
+        self.device, self.dtype = device, resolve_precision(t.precision, device)
+        resume_from = _checkpoint_to_resume(cfg)
+
+        # Data: rank 0 prepares it (or finds the cache), then the others read the same cache.
+        for turn in (True, False):
+            if self.is_main == turn:
+                prepared = prepare_data(cfg.data, cfg.tokenizer, log=self.info)
+            if self.world_size > 1:
+                dist.barrier()
+        self.tokenizer = prepared.tokenizer
+        model_cfg = cfg.model
+        if model_cfg.vocab_size is None:
+            model_cfg = dataclasses.replace(model_cfg, vocab_size=self.tokenizer.vocab_size)
+        elif model_cfg.vocab_size < self.tokenizer.vocab_size:
+            raise _bad("model.vocab_size", model_cfg.vocab_size, f"the tokenizer has "
+                       f"{self.tokenizer.vocab_size} ids; use null or a larger value")
+        try:
+            check_enough_tokens(prepared, model_cfg.block_size)
+        except ValueError as err:
+            raise ConfigError(str(err)) from None
+        self.model_cfg = model_cfg
+        self.run_config = dataclasses.replace(cfg, model=model_cfg)
+        self.sampler = BatchSampler(prepared.train_path, model_cfg.block_size, t.batch_size,
+                                    t.seed, self.rank, self.world_size)
+        self.val_ids = np.memmap(prepared.val_path, dtype=prepared.meta["dtype"], mode="r")
+        self.tokens_per_step = (t.batch_size * model_cfg.block_size * t.grad_accum_steps
+                                * self.world_size)
+
+        torch.manual_seed(t.seed)
+        self.model = TinyLM(model_cfg).to(device)  # the plain module: saved, sampled, probed
+        self.optimizer = configure_optimizer(self.model, cfg.optim)
+        self.scaler = torch.amp.GradScaler(device.type, enabled=self.dtype == torch.float16)
+        self.autocast = torch.autocast(device.type, dtype=self.dtype,
+                                       enabled=self.dtype != torch.float32)
+        self.step, self.best_val, self.tokens_seen = 0, math.inf, 0
+        if resume_from is not None:
+            self._resume(resume_from, prepared.directory / TOKENIZER_FILE)
+
+        # What the steps run: compiled and/or wrapped for DDP, sharing the plain module's weights.
+        self.forward = torch.compile(self.model) if t.compile else self.model
+        if self.world_size > 1:
+            self.forward = nn.parallel.DistributedDataParallel(
+                self.forward, device_ids=[device.index] if device.type == "cuda" else None)
+
+        self.writer = None
+        if self.is_main:
+            from torch.utils.tensorboard import SummaryWriter
+
+            # purge_step hides what an earlier attempt logged after this checkpoint's step
+            self.writer = SummaryWriter(str(self.run_dir / TENSORBOARD_DIR),
+                                        purge_step=self.step + 1 if self.step else None)
+            if self.step == 0:
+                _write_hparams(self.writer, self.run_config)
+            # MFU: the FLOPs the model does per token against what the matmuls could do
+            self.peak_flops = matmul_peak_flops(device, self.dtype) * self.world_size
+            self.info(f"Model: {self.model.num_params() / 1e6:.2f}M parameters "
+                      f"({model_cfg.n_layer} layers, {model_cfg.n_head} heads, n_embd "
+                      f"{model_cfg.n_embd}, block_size {model_cfg.block_size}, vocab "
+                      f"{model_cfg.vocab_size}); {str(self.dtype)[6:]} on {device}"
+                      f"{f' x {self.world_size} processes' if self.world_size > 1 else ''}; "
+                      f"{self.tokens_per_step:,} tokens per step; run dir {self.run_dir}")
+
+    # ---------------------------------------------------------------- checkpoints and resume
+
+    def _resume(self, directory: Path, tokenizer_file: Path) -> None:
+        """Load weights and trainer state; on CPU the run then continues bit for bit."""
+        ckpt = load_checkpoint(directory, device="cpu")
+        _check_resume_matches(ckpt, self.model_cfg, self.cfg, tokenizer_file)
+        self.model.load_state_dict(ckpt.model.state_dict())
+        state = torch.load(ckpt.trainer_state_path, map_location="cpu", weights_only=True)
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scaler.load_state_dict(state["scaler"])
+        self.step, self.best_val = state["step"], state["best_val_loss"]
+        self.tokens_seen = state["tokens_seen"]
+        if state["world_size"] == self.world_size:
+            self.sampler.load_state_dict(state["sampler"][self.rank])
+            torch.set_rng_state(state["rng_cpu"][self.rank])
+            if self.device.type == "cuda" and state["rng_cuda"]:
+                torch.cuda.set_rng_state(state["rng_cuda"][self.rank], self.device)
+        else:  # another data order than an uninterrupted run, but not a replay of the first one
+            log.warning(f"resuming with {self.world_size} processes instead of "
+                        f"{state['world_size']}: batches continue from a fresh random stream")
+            t = self.t
+            self.sampler = BatchSampler(self.sampler.path, self.model_cfg.block_size,
+                                        t.batch_size, t.seed + self.step, self.rank,
+                                        self.world_size)
+        self.info(f"Resuming from {ckpt.directory} at step {self.step}")
+
+    def save(self, tags: tuple[str, ...]) -> None:
+        """Checkpoint the current step (every rank takes part: each hands over its RNG/sampler)."""
+        on_cuda = self.device.type == "cuda"
+        states = _gather((self.sampler.state_dict(), torch.get_rng_state(),
+                          torch.cuda.get_rng_state(self.device) if on_cuda else None),
+                         self.world_size)
+        if not self.is_main:
+            return
+        trainer_state = {
+            "step": self.step, "best_val_loss": self.best_val, "tokens_seen": self.tokens_seen,
+            "world_size": self.world_size, "optimizer": self.optimizer.state_dict(),
+            "scaler": self.scaler.state_dict(), "sampler": [s[0] for s in states],
+            "rng_cpu": [s[1] for s in states], "rng_cuda": [s[2] for s in states] if on_cuda
+            else None}
+        save_checkpoint(self.run_dir, self.model, self.tokenizer, self.run_config.to_dict(),
+                        self.step, trainer_state, tags)
+
+    def last_checkpoint(self) -> Path | None:
+        last = self.run_dir / CHECKPOINTS_DIR / "last"
+        return last.resolve() if self.is_main and last.exists() else None
+
+    # ------------------------------------------------------------------------------ steps
+
+    def train_step(self, stop: _StopSignals) -> tuple[float, float, float, bool]:
+        """One optimizer step -> (mean loss, gradient norm, lr, whether any rank must stop)."""
+        t = self.t
+        lr = lr_at(self.step, self.cfg.optim, t.max_steps)
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        loss_sum = torch.zeros((), device=self.device)
+        for micro in range(t.grad_accum_steps):
+            x, y = self.sampler.next_batch(self.device)  # (B, T) each
+            # DDP all-reduces the gradients once, after the last micro-batch
+            last_micro = micro == t.grad_accum_steps - 1
+            sync = contextlib.nullcontext() if self.world_size == 1 or last_micro \
+                else self.forward.no_sync()
+            with sync:
+                with self.autocast:
+                    loss = self.forward(x, y).loss / t.grad_accum_steps
+                self.scaler.scale(loss).backward()
+            loss_sum += loss.detach()
+        self.scaler.unscale_(self.optimizer)  # clip the true gradients, not the scaled ones
+        grad_norm = nn.utils.clip_grad_norm_(self.model.parameters(),
+                                             self.cfg.optim.grad_clip or math.inf).item()
+        # one small collective per step: the mean loss, and whether some rank must stop
+        loss, stopping = _all_reduce([loss_sum.item(), float(stop.signum is not None)],
+                                     self.world_size)
+        loss /= self.world_size
+        fp16_overflow = self.scaler.is_enabled()  # the scaler skips such steps by itself
+        if not math.isfinite(loss) or not (math.isfinite(grad_norm) or fp16_overflow):
+            kept = self.last_checkpoint()
+            raise TrainingDiverged(
+                f"training diverged at step {self.step + 1}: "
+                + (f"loss {loss}" if not math.isfinite(loss) else f"gradient norm {grad_norm}")
+                + (f"; the last good checkpoint is {kept}" if kept else "; no checkpoint yet")
+                + f"; try a lower optim.lr (now {self.cfg.optim.lr}) or train.precision=fp32")
+        self.scaler.step(self.optimizer)
+        self.scaler.update()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.step += 1
+        self.tokens_seen += self.tokens_per_step
+        return loss, grad_norm, lr, bool(stopping)
+
+    def evaluate(self) -> float:
+        """Validation loss (all ranks), and on rank 0 its scalars, a sample and attention maps."""
+        model = self.forward.module if self.world_size > 1 else self.forward  # no DDP sync
+        val_loss = evaluate(model, self.val_ids, self.t, self.model_cfg.block_size,
+                            self.device, self.autocast, self.rank, self.world_size)
+        if self.is_main:
+            perplexity = math.exp(min(val_loss, 50.0))
+            self.writer.add_scalar("val/loss", val_loss, self.step)
+            self.writer.add_scalar("val/perplexity", perplexity, self.step)
+            _log_sample_and_attention(self.writer, self.model, self.tokenizer, self.t,
+                                      self.step, self.device)
+            self.info(f"step {self.step}: val loss {val_loss:.4f}, perplexity {perplexity:.2f}"
+                      f"{' (best)' if val_loss < self.best_val else ''}")
+        return val_loss
+
+    def log_train(self, loss: float, grad_norm: float, lr: float, tokens_per_s: float) -> None:
+        w, step = self.writer, self.step
+        w.add_scalar("train/loss", loss, step)
+        w.add_scalar("train/lr", lr, step)
+        w.add_scalar("train/grad_norm", grad_norm, step)
+        w.add_scalar("train/tokens_per_sec", tokens_per_s, step)
+        w.add_scalar("train/mfu", self.model.flops_per_token() * tokens_per_s / self.peak_flops,
+                     step)
+
+    # ------------------------------------------------------------------------------ the loop
+
+    def run(self) -> dict:
+        """Train to max_steps, evaluating, logging and checkpointing; returns the final metrics."""
+        from tqdm.auto import tqdm
+        from tqdm.contrib.logging import logging_redirect_tqdm
+
+        t = self.t
+        start_step, start_time, last_saved = self.step, time.perf_counter(), self.step
+        train_loss, val_loss, losses = math.nan, None, []
+        # tokens/s counts training steps only: evaluations and checkpoints restart the clock
+        window_start, window_steps = time.perf_counter(), 0
+        bar = tqdm(total=t.max_steps, initial=self.step, desc="train", unit="step",
+                   disable=not self.is_main, dynamic_ncols=True)
+        stop = _StopSignals(abort_on_second=self.world_size == 1)
+        with stop, logging_redirect_tqdm(), bar:
+            while self.step < t.max_steps:
+                train_loss, grad_norm, lr, stopping = self.train_step(stop)
+                losses.append(train_loss)
+                window_steps += 1
+                bar.update(1)
+                step, done = self.step, self.step == t.max_steps
+
+                logging = step % t.log_interval == 0 or done
+                if logging and self.is_main:
+                    tokens_per_s = window_steps * self.tokens_per_step / (
+                        time.perf_counter() - window_start)
+                    mean_loss = sum(losses) / len(losses)
+                    bar.set_postfix(loss=f"{mean_loss:.4f}", tok_s=f"{tokens_per_s:,.0f}")
+                    self.log_train(mean_loss, grad_norm, lr, tokens_per_s)
+                if logging:
+                    losses.clear()
+
+                tags: tuple[str, ...] = ()
+                evaluating = step % t.eval_interval == 0 or done
+                if evaluating:
+                    val_loss = self.evaluate()
+                    if val_loss < self.best_val:  # the same on every rank (all-reduced)
+                        self.best_val, tags = val_loss, ("last", "best")
+                if (t.checkpoint_interval and step % t.checkpoint_interval == 0) or done or \
+                        stopping:
+                    tags = tags or ("last",)
+                if tags and step != last_saved:
+                    self.save(tags)
+                    last_saved = step
+                if logging or evaluating or tags:
+                    window_start, window_steps = time.perf_counter(), 0
+                if stopping and not done:
+                    if self.writer is not None:
+                        self.writer.close()
+                    # another rank may have been the one signalled
+                    raise TrainingInterrupted(stop.signum or signal.SIGTERM,
+                                              self.last_checkpoint(), step)
+
+        seconds = time.perf_counter() - start_time
+        trained = self.step - start_step
+        metrics = {
+            "step": self.step, "train_loss": train_loss, "val_loss": val_loss,
+            "val_perplexity": math.exp(min(val_loss, 50.0)) if val_loss is not None else None,
+            "best_val_loss": self.best_val, "seconds": seconds,
+            "tokens_per_sec": trained * self.tokens_per_step / seconds if trained else None,
+            "run_dir": str(self.run_dir), "log_dir": str(self.run_dir / TENSORBOARD_DIR)}
+        if self.is_main:
+            self.writer.close()
+            metrics["checkpoint"] = str(resolve_checkpoint_dir(self.run_dir, "last"))
+            metrics["best_checkpoint"] = str(resolve_checkpoint_dir(self.run_dir, "best"))
+        return metrics
+
+
+def train(cfg: RunConfig) -> dict:
+    """Train a model as `cfg` says; returns the final metrics and where things were written.
+
+    Raises ConfigError for bad input (before any work), TrainingInterrupted after Ctrl-C or
+    SIGTERM (a checkpoint saved first), TrainingDiverged when the loss stops being finite.
+    """
+    return Trainer(cfg).run()
