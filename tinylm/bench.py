@@ -26,7 +26,7 @@ import statistics
 import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import torch
@@ -295,7 +295,7 @@ def bench_train(model_cfg: ModelConfig, optim: OptimConfig, cfg: TrainBenchConfi
             optimizer.zero_grad(set_to_none=True)
         return step
 
-    ours = TinyLM(model_cfg)
+    ours = TinyLM(replace(model_cfg, dropout=0.0))  # like the GPT-2 peer: no dropout
     models = {"tinylm": ours, "GPT-2 sdpa": gpt2_like(model_cfg, "sdpa"),
               "GPT-2 eager": gpt2_like(model_cfg, "eager")}
     candidates = {f"{name} {precision}": step_fn(model, precision)
