@@ -389,7 +389,7 @@ def _log_sample_and_attention(writer, model: TinyLM, tokenizer, cfg: TrainConfig
     """TensorBoard: a continuation of sample_prompt, and every layer's heads on probe_prompt."""
     from tinylm.generate import encode_prompt, generate
     from tinylm.inspection import capture_attention
-    from tinylm.plots import attention_grid_figure, figure_to_image
+    from tinylm.plots import attention_grid_figure, log_figure
 
     model.eval()
     if cfg.sample_tokens:
@@ -404,8 +404,7 @@ def _log_sample_and_attention(writer, model: TinyLM, tokenizer, cfg: TrainConfig
         capture = capture_attention(model, tokenizer, cfg.probe_prompt)
         for layer, weights in enumerate(capture.weights):
             fig = attention_grid_figure(weights, capture.tokens, f"layer {layer}, step {step}")
-            writer.add_image(f"attention/layer_{layer:02d}", figure_to_image(fig), step,
-                             dataformats="HWC")
+            log_figure(writer, f"attention/layer_{layer:02d}", fig, step)
     model.train()
 
 
