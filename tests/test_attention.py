@@ -12,6 +12,7 @@ from tinylm.attention import (
     attention_steps,
     causal_mask,
     scaled_dot_product_attention,
+    softmax_attention,
 )
 
 # The worked example of ../shared/docs/attention-explainer.md
@@ -171,3 +172,29 @@ def test_fast_path_under_bf16_autocast_stays_close_to_fp32_and_passes_gradients(
     assert (y.float() - reference).abs().max() <= 2e-2
     y.float().sum().backward()
     assert x.grad is not None and torch.isfinite(x.grad).all() and x.grad.abs().sum() > 0
+
+
+@pytest.mark.parametrize("t_q, t_k", [(9, 9), (3, 9), (1, 9)])
+def test_softmax_attention_equals_the_explicit_path_outputs_and_gradients(t_q, t_k):
+    """The bf16 CPU fast path is attention_steps' arithmetic: same output and gradients in fp32,
+    also when the queries are the last t_q of t_k positions (the KV-cache case)."""
+    torch.manual_seed(5)
+    q, k, v = (torch.randn(2, 3, t, 8, requires_grad=True) for t in (t_q, t_k, t_k))
+    fast = softmax_attention(q, k, v)
+    explicit = attention_steps(q, k, v, is_causal=True).output
+    assert (fast - explicit).abs().max() <= 1e-5
+    g = torch.randn_like(fast)
+    grads_fast = torch.autograd.grad(fast, (q, k, v), g)
+    grads_explicit = torch.autograd.grad(explicit, (q, k, v), g)
+    for a, b in zip(grads_fast, grads_explicit, strict=True):
+        assert (a - b).abs().max() <= 1e-5
+
+
+def test_bf16_fast_path_matches_the_explicit_path_under_autocast():
+    mha = _mha(seed=6)
+    x = torch.randn(2, 12, 32)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        fast, _ = mha(x)
+        explicit, _ = mha(x, need_weights=True)
+    assert fast.dtype == explicit.dtype == torch.bfloat16
+    assert (fast.float() - explicit.float()).abs().max() <= 1e-2

