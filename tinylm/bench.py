@@ -362,7 +362,7 @@ def bench_train(model_cfg: ModelConfig, optim: OptimConfig, cfg: TrainBenchConfi
          "forward, loss, backward, clip_grad_norm_, AdamW step from tinylm.train."
          f"configure_optimizer (optim: lr={optim.lr}, weight_decay={optim.weight_decay}, "
          f"grad_clip={optim.grad_clip}) for every model; bf16 = torch.autocast(bf16); "
-         "compiled = torch.compile(model), default mode, compiled during the warm-up",
+         "compiled = torch.compile(model), default mode, compiled before any timing",
          f"MFU = {flops_per_token / 1e6:.2f}M FLOPs per token x tokens/s / the median "
          f"{n}x{n} matmul rate of the same precision, timed in the same rounds",
          "GPT-2 as transformers builds it: biases in every layer, tanh-approximated GELU, "
