@@ -28,6 +28,7 @@ from tinylm.bench import (
     Timing,
     TrainBenchConfig,
     bench_config,
+    bench_train,
     format_section,
     run_bench,
 )
@@ -109,6 +110,26 @@ def test_candidates_take_turns_and_the_median_is_reported():
     assert calls == ["a", "b", "a", "b", "b", "a", "a", "b"]  # warm-ups, then flipping rounds
     assert len(rows["a"].times_s) == 3
     assert rows["a"].median_s == pytest.approx(0.02, abs=0.005)
+
+
+def test_a_failing_torch_compile_leaves_the_eager_comparison(tmp_path, monkeypatch):
+    """Without a working compiler (inductor needs one) the train section still compares the
+    models, all uncompiled, and says why."""
+    pytest.importorskip("transformers")
+
+    def broken_compile(model, *args, **kwargs):
+        def forward(*a, **k):
+            raise RuntimeError("InductorError: no C++ compiler found\nmore detail")
+        return forward
+
+    monkeypatch.setattr(torch, "compile", broken_compile)
+    cfg = tiny_config(tmp_path)
+    section = bench_train(cfg.model, cfg.optim, cfg.train, Timing(1, 0))
+    names = [row.name for row in section.rows]
+    assert "tinylm bf16" in names and not any("compiled" in name for name in names)
+    assert sum(row.note == "best setting" for row in section.rows) == 2
+    assert any("torch.compile failed (RuntimeError: InductorError: no C++ compiler found)"
+               in note for note in section.notes)
 
 
 def test_a_missed_target_is_printed_as_missed():
