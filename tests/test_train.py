@@ -21,7 +21,8 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 import tinylm.checkpoint
 import tinylm.model
 from tinylm.checkpoint import load_checkpoint, resolve_checkpoint_dir
-from tinylm.cli.train import check_command_line
+from tinylm.cli import check_command_line
+from tinylm.cli.train import build_run_config
 from tinylm.config import ConfigError, config_dir, project_root
 from tinylm.data import BatchSampler, prepare_data
 from tinylm.train import (
@@ -286,15 +287,16 @@ def test_nan_loss_stops_the_run_and_keeps_the_last_good_checkpoint(
 ])
 def test_bad_command_lines_are_refused_in_one_line_naming_key_and_value(override, message):
     with pytest.raises(ConfigError) as refused:
-        check_command_line([override])
+        check_command_line([override], "config", build_run_config)
     assert message in str(refused.value)
     assert "\n" not in str(refused.value)
 
 
 def test_every_value_of_a_sweep_is_checked():
-    check_command_line(["optim.lr=1e-3,3e-3", "model.n_layer=1,2"])
+    check_command_line(["optim.lr=1e-3,3e-3", "model.n_layer=1,2"], "config", build_run_config)
     with pytest.raises(ConfigError, match="optim.lr=-1.0 is not allowed"):
-        check_command_line(["model.n_layer=1,2", "optim.lr=1e-3,-1.0"])
+        check_command_line(["model.n_layer=1,2", "optim.lr=1e-3,-1.0"], "config",
+                           build_run_config)
 
 
 def test_block_size_longer_than_the_corpus_is_refused_by_name(corpus, tmp_path):

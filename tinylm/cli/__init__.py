@@ -1,10 +1,17 @@
-"""Thin Hydra entry points behind the tinylm-* console scripts."""
+"""Thin Hydra entry points behind the tinylm-* console scripts, and what they share.
+
+Every command checks its command line before Hydra runs it (check_command_line_or_exit):
+Hydra's own composition errors span several lines and do not say what is allowed, so a bad
+override ends the command with one line naming the key and the keys allowed there.
+"""
 
 from __future__ import annotations
 
 import sys
 from collections.abc import Callable
 from typing import TypeVar
+
+from omegaconf import DictConfig
 
 T = TypeVar("T")
 
@@ -18,3 +25,120 @@ def run_or_exit(command: str, action: Callable[[], T], interrupted: str = "inter
         sys.exit(f"{command}: error: {err}")
     except KeyboardInterrupt:
         sys.exit(f"\n{command}: {interrupted}")
+
+
+def check_command_line_or_exit(command: str, config_name: str,
+                               build: Callable[[DictConfig], object] | None = None,
+                               argv: list[str] | None = None) -> DictConfig | None:
+    """Check sys.argv's overrides for `config_name` (conf/<name>.yaml); exit with one line if
+    one is bad. Returns the composed config, or None for --help and the like (nothing to check).
+    """
+    from hydra._internal.utils import get_args_parser
+
+    args = get_args_parser().parse_args(sys.argv[1:] if argv is None else argv)
+    if args.help or args.hydra_help or args.info or args.shell_completion:
+        return None
+    return run_or_exit(command, lambda: check_command_line(
+        args.overrides, args.config_name or config_name, build))
+
+
+def check_command_line(overrides: list[str], config_name: str,
+                       build: Callable[[DictConfig], object] | None = None) -> DictConfig:
+    """Compose conf/<config_name>.yaml with `overrides`, then `build` it (e.g. into dataclasses,
+    which check the values); ConfigError with one line on bad input.
+
+    A sweep (`-m key=a,b`) is checked value by value. Returns the composition of the first
+    value of each sweep, with the hydra node (for hydra.run.dir).
+    """
+    from hydra import compose, initialize_config_dir
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import HydraException
+    from omegaconf.errors import OmegaConfBaseException
+
+    from tinylm.config import ConfigError, config_dir
+
+    parser = OverridesParser.create()
+    try:
+        parsed = parser.parse_overrides(overrides)
+    except HydraException as err:
+        culprit = next((o for o in overrides if not _parses(parser, o)), None)
+        raise ConfigError(_condense(err, culprit, None)) from None
+    fixed = [o.input_line for o in parsed if not o.is_sweep_override()]
+    sweeps = []
+    for o in parsed:
+        if o.is_sweep_override():
+            try:
+                values = list(o.sweep_string_iterator())
+            except Exception:  # e.g. interval(...) for an optimizing sweeper: nothing to list
+                continue
+            sweeps.append([f"{o.get_key_element()}={v}" for v in values])
+    # each sweep value once, next to the first value of the other sweeps
+    firsts = [values[0] for values in sweeps]
+    candidates = [firsts] + [firsts[:i] + [v] + firsts[i + 1:]
+                             for i, values in enumerate(sweeps) for v in values[1:]]
+    composed = []
+    with initialize_config_dir(config_dir=str(config_dir()), version_base="1.3",
+                               job_name=config_name):
+        for overrides_now in (fixed + extra for extra in candidates):
+            try:
+                cfg = compose(config_name, overrides_now, return_hydra_config=True)
+                if build is not None:
+                    build(cfg)
+            except (HydraException, OmegaConfBaseException) as err:
+                # name the override to blame: the first one that fails on its own
+                culprit = next((o for o in overrides_now if _fails(config_name, o)), None)
+                defaults = compose(config_name, [], return_hydra_config=True)
+                raise ConfigError(_condense(err, culprit, defaults)) from None
+            composed.append(cfg)
+    return composed[0]
+
+
+def _parses(parser, override: str) -> bool:
+    try:
+        parser.parse_overrides([override])
+    except Exception:
+        return False
+    return True
+
+
+def _fails(config_name: str, override: str) -> bool:
+    from hydra import compose
+
+    try:
+        compose(config_name, [override])
+    except Exception:
+        return True
+    return False
+
+
+def _condense(err: Exception, override: str | None, defaults: DictConfig | None) -> str:
+    """One line out of Hydra's multi-line composition errors; `defaults` (the config composed
+    without overrides) tells which keys and groups are allowed."""
+    import re
+
+    from hydra.errors import MissingConfigException
+
+    if isinstance(err, MissingConfigException) and err.options is not None:
+        group = (err.missing_cfg_file or "").split("/")[0]
+        return (f"{override or err.missing_cfg_file}: there is no {err.missing_cfg_file}.yaml; "
+                f"allowed {group} options: {', '.join(sorted(err.options)) or 'none'}")
+    text = f"{err} {err.__cause__ or ''}"
+    found = re.search(r"Could not (?:override|delete|append to) '([^']+)'", text) or \
+        re.search(r"Key '([^']+)' is not in struct", text)
+    if found and defaults is not None:
+        key = found.group(1)
+        group = key.split(".")[0]
+        where = f" (in {override})" if override else ""
+        if "." in key and isinstance(defaults.get(group), DictConfig):
+            return (f"unknown config key {key}{where}; allowed under {group}: "
+                    f"{', '.join(defaults[group])}")
+        # top-level keys, and the groups chosen in the defaults list without a key of their
+        # own (experiment=...)
+        groups = [g for g in defaults.hydra.runtime.choices if not g.startswith("hydra")]
+        allowed = [k for k in defaults if k != "hydra"]
+        allowed += [g for g in groups if g not in allowed]
+        kind = "config key or group" if groups else "config key"
+        return f"unknown {kind} {group}{where}; allowed: {', '.join(allowed)}"
+    lines = [line.strip() for line in str(err).splitlines() if line.strip()]
+    first = lines[0] if lines else type(err).__name__
+    return f"{override}: {first}" if override else first

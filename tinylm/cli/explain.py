@@ -12,12 +12,12 @@ import sys
 import hydra
 from omegaconf import DictConfig
 
-from tinylm.cli import run_or_exit
+from tinylm.cli import check_command_line_or_exit, run_or_exit
 from tinylm.config import config_dir
 
 
 @hydra.main(version_base="1.3", config_path=str(config_dir()), config_name="explain")
-def main(cfg: DictConfig) -> None:
+def _explain(cfg: DictConfig) -> None:
     """Compose conf/explain.yaml, print the walkthrough; bad inputs exit with one clear line."""
     # the heavy imports (torch) wait until Hydra has parsed the command line, so --help is quick
     from tinylm.config import to_dataclass
@@ -31,6 +31,12 @@ def main(cfg: DictConfig) -> None:
         print(text, flush=True)
     except BrokenPipeError:  # `tinylm-explain | head` stopped reading: fine, not an error
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+
+
+def main() -> None:
+    """Console entry: check the command line (one line per mistake), then hand it to Hydra."""
+    check_command_line_or_exit("tinylm-explain", "explain")
+    _explain()
 
 
 if __name__ == "__main__":

@@ -14,7 +14,7 @@ import sys
 import hydra
 from omegaconf import DictConfig
 
-from tinylm.cli import run_or_exit
+from tinylm.cli import check_command_line_or_exit, run_or_exit
 from tinylm.config import config_dir
 
 # Preparing writes only the cache directory. conf/config.yaml sends Hydra's outputs to a
@@ -39,6 +39,7 @@ def _prepare(cfg: DictConfig) -> None:
 
 def main() -> None:
     """Console entry: compose conf/config.yaml with the command line and prepare the data."""
+    check_command_line_or_exit("tinylm-prepare", "config")
     given = {arg.split("=", 1)[0].lstrip("+~") for arg in sys.argv[1:]}
     sys.argv[1:1] = [o for o in NO_RUN_DIR if o.split("=", 1)[0] not in given]
     _prepare()

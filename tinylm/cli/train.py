@@ -9,107 +9,24 @@
     (options: conf/{model,data,tokenizer,optim,train,experiment}/*.yaml)
 
 Bad input ends the command with one line naming the key, the value and what is allowed, before
-any work starts: the command line is composed and checked here first, because Hydra's own errors
-span several lines.
+any work starts: the command line is composed and every run dataclass built from it first
+(check_command_line_or_exit in tinylm/cli/__init__.py), because Hydra's own errors span several
+lines.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import os
-import re
 import signal
 import sys
 
 import hydra
 from omegaconf import DictConfig
 
-from tinylm.cli import run_or_exit
-from tinylm.config import ConfigError, config_dir
+from tinylm.cli import check_command_line_or_exit, run_or_exit
+from tinylm.config import config_dir
 
 PROG = "tinylm-train"
-
-
-def _condense(err: Exception, override: str | None) -> str:
-    """One line out of Hydra's multi-line composition errors."""
-    from hydra.errors import MissingConfigException
-
-    from tinylm.train import RunConfig
-
-    if isinstance(err, MissingConfigException) and err.options is not None:
-        group = (err.missing_cfg_file or "").split("/")[0]
-        return (f"{override or err.missing_cfg_file}: there is no {err.missing_cfg_file}.yaml; "
-                f"allowed {group} options: {', '.join(sorted(err.options)) or 'none'}")
-    text = f"{err} {err.__cause__ or ''}"
-    found = re.search(r"Could not (?:override|delete|append to) '([^']+)'", text) or \
-        re.search(r"Key '([^']+)' is not in struct", text)
-    if found:
-        key = found.group(1)
-        group = key.split(".")[0]
-        kind = RunConfig.GROUPS.get(group)
-        if kind is not None and "." in key:
-            allowed = ", ".join(f.name for f in dataclasses.fields(kind))
-            return f"unknown config key {key} (in {override}); allowed under {group}: {allowed}"
-        return (f"unknown config key or group {key} (in {override}); allowed: "
-                f"{', '.join(RunConfig.GROUPS)}, experiment")
-    lines = [line.strip() for line in str(err).splitlines() if line.strip()]
-    return f"{override}: {lines[0] if lines else type(err).__name__}" if override else \
-        (lines[0] if lines else type(err).__name__)
-
-
-def check_command_line(overrides: list[str], config_name: str = "config") -> DictConfig:
-    """Compose conf/ with `overrides` and build every dataclass; ConfigError on bad input.
-
-    A sweep (`-m key=a,b`) is checked value by value. Returns the composition of the first
-    value of each sweep, with the hydra node (for hydra.run.dir).
-    """
-    from hydra import compose, initialize_config_dir
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-    from hydra.errors import HydraException
-    from omegaconf.errors import OmegaConfBaseException
-
-    from tinylm.train import RunConfig
-
-    try:
-        parsed = OverridesParser.create().parse_overrides(overrides)
-    except HydraException as err:
-        raise ConfigError(_condense(err, None)) from None
-    fixed = [o.input_line for o in parsed if not o.is_sweep_override()]
-    sweeps = []
-    for o in parsed:
-        if o.is_sweep_override():
-            try:
-                values = list(o.sweep_string_iterator())
-            except Exception:  # e.g. interval(...) for an optimizing sweeper: nothing to list
-                continue
-            sweeps.append([f"{o.get_key_element()}={v}" for v in values])
-    # each sweep value once, next to the first value of the other sweeps
-    firsts = [values[0] for values in sweeps]
-    candidates = [firsts] + [firsts[:i] + [v] + firsts[i + 1:]
-                             for i, values in enumerate(sweeps) for v in values[1:]]
-    composed = []
-    with initialize_config_dir(config_dir=str(config_dir()), version_base="1.3",
-                               job_name="train"):
-        for overrides_now in (fixed + extra for extra in candidates):
-            try:
-                cfg = compose(config_name, overrides_now, return_hydra_config=True)
-                RunConfig.from_config({k: v for k, v in cfg.items() if k != "hydra"}, ".")
-            except (HydraException, OmegaConfBaseException) as err:
-                # name the override to blame: the first one that fails on its own
-                culprit = next((o for o in overrides_now if _fails(config_name, o)), None)
-                raise ConfigError(_condense(err, culprit)) from None
-            composed.append(cfg)
-    return composed[0]
-
-
-def _fails(config_name: str, override: str) -> bool:
-    from hydra import compose
-
-    try:
-        compose(config_name, [override])
-    except Exception:
-        return True
-    return False
 
 
 def _share_run_dir_across_ranks(cfg: DictConfig) -> None:
@@ -170,16 +87,18 @@ def _print_next_steps(metrics: dict, run_cfg) -> None:
           f"  tensorboard --logdir {run_dir}")
 
 
+def build_run_config(cfg: DictConfig) -> None:
+    """Every dataclass of a run from the composed config: checks every value."""
+    from tinylm.train import RunConfig
+
+    RunConfig.from_config({k: v for k, v in cfg.items() if k != "hydra"}, ".")
+
+
 def main() -> None:
     """Console entry: check the command line, then hand it to Hydra."""
-    from hydra._internal.utils import get_args_parser
-
-    args = get_args_parser().parse_args(sys.argv[1:])
-    if not (args.help or args.hydra_help or args.info or args.shell_completion):
-        cfg = run_or_exit(PROG, lambda: check_command_line(args.overrides,
-                                                           args.config_name or "config"))
-        if int(os.environ.get("WORLD_SIZE", "1")) > 1:
-            _share_run_dir_across_ranks(cfg)
+    cfg = check_command_line_or_exit(PROG, "config", build_run_config)
+    if cfg is not None and int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        _share_run_dir_across_ranks(cfg)
     try:
         _train()
     finally:
