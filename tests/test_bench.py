@@ -96,7 +96,9 @@ def test_bench_leaves_the_thread_setting_as_it_found_it(tmp_path):
 
 def test_candidates_take_turns_and_the_median_is_reported():
     calls = []
-    durations = {"a": iter([0.0, 0.03, 0.01, 0.02]), "b": iter([0.0, 0.0, 0.0, 0.0])}
+    # far apart, so that a scheduler hiccup of tens of ms cannot move the median; the mean
+    # (0.15) and the min (0.05) are as far from it
+    durations = {"a": iter([0.0, 0.05, 0.30, 0.10]), "b": iter([0.0, 0.0, 0.0, 0.0])}
 
     def candidate(name):
         def run():  # busy for its next duration
@@ -109,7 +111,7 @@ def test_candidates_take_turns_and_the_median_is_reported():
     rows = Timing(repeats=3, warmup=1).run({"a": candidate("a"), "b": candidate("b")})
     assert calls == ["a", "b", "a", "b", "b", "a", "a", "b"]  # warm-ups, then flipping rounds
     assert len(rows["a"].times_s) == 3
-    assert rows["a"].median_s == pytest.approx(0.02, abs=0.005)
+    assert rows["a"].median_s == pytest.approx(0.10, abs=0.025)
 
 
 def test_a_failing_torch_compile_leaves_the_eager_comparison(tmp_path, monkeypatch):
