@@ -28,14 +28,14 @@ def run_or_exit(command: str, action: Callable[[], T], interrupted: str = "inter
 
 
 def check_command_line_or_exit(command: str, config_name: str,
-                               build: Callable[[DictConfig], object] | None = None,
-                               argv: list[str] | None = None) -> DictConfig | None:
+                               build: Callable[[DictConfig], object] | None = None
+                               ) -> DictConfig | None:
     """Check sys.argv's overrides for `config_name` (conf/<name>.yaml); exit with one line if
     one is bad. Returns the composed config, or None for --help and the like (nothing to check).
     """
     from hydra._internal.utils import get_args_parser
 
-    args = get_args_parser().parse_args(sys.argv[1:] if argv is None else argv)
+    args = get_args_parser().parse_args(sys.argv[1:])
     if args.help or args.hydra_help or args.info or args.shell_completion:
         return None
     return run_or_exit(command, lambda: check_command_line(
