@@ -1,4 +1,4 @@
-"""The installed wheel carries conf/: the console scripts compose it from anywhere."""
+"""The installed wheel carries conf/ and the probe sets: the commands work from anywhere."""
 
 import subprocess
 import sys
@@ -18,6 +18,8 @@ with initialize_config_dir(config_dir=str(conf), version_base="1.3"):
     cfg = compose("config", ["experiment=shakespeare_char", "train.max_steps=7"])
 run = RunConfig.from_config(cfg, "x")
 print(conf, run.data.name, run.tokenizer.name, run.model.n_embd, run.train.max_steps)
+from tinylm.probe import ProbeConfig, load_probe_file, probe_files
+print(*(f"{path}:{len(load_probe_file(path))}" for path in probe_files(ProbeConfig())))
 """
 
 
@@ -41,5 +43,8 @@ def test_wheel_installed_elsewhere_finds_and_composes_its_configs(tmp_path):
                           env={"PYTHONPATH": str(target), "PATH": "/usr/bin:/bin"},
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
-    assert done.stdout.split() == [str(target / "tinylm" / "conf"), "tinyshakespeare", "char",
-                                   "128", "7"]
+    assert done.stdout.split() == [
+        str(target / "tinylm" / "conf"), "tinyshakespeare", "char", "128", "7",
+        # the shipped probe sets travel in the wheel: tinylm-probe needs no probe_file=
+        f"{target / 'tinylm' / 'probes' / 'pronouns.jsonl'}:72",
+        f"{target / 'tinylm' / 'probes' / 'agreement.jsonl'}:72"]

@@ -50,7 +50,7 @@ import torch
 
 from tinylm.inspection import PRONOUNS, find_words, token_word_index, word_at, word_level
 
-SHIPPED_PROBES = ("data/probes/pronouns.jsonl", "data/probes/agreement.jsonl")
+SHIPPED_PROBES = ("pronouns.jsonl", "agreement.jsonl")  # in data/probes/ (a wheel: tinylm/probes/)
 ABLATION = "zeroed"  # how a head is removed: its output is multiplied by 0
 WORD_CHAR = re.compile(r"\w")
 
@@ -546,16 +546,15 @@ def write_tensorboard(report: dict, logdir: Path, n_layer: int, n_head: int,
 
 
 def probe_files(cfg: ProbeConfig) -> list[Path]:
-    """The probe files to read: cfg.probe_file, or the sets shipped in the checkout."""
+    """The probe files to read: cfg.probe_file, or the shipped sets (data/probes/ of the
+    checkout; an installed wheel carries them as tinylm/probes/)."""
     if cfg.probe_file is not None:
         return [Path(p) for p in cfg.probe_file]
-    from tinylm.config import project_root
+    from tinylm.config import PACKAGE_DIR, project_root
 
     root = project_root()
-    if root is None:
-        raise ValueError("probe_file= is required: the shipped probe sets live in a tinylm "
-                         "checkout (data/probes/)")
-    return [root / p for p in SHIPPED_PROBES]
+    directory = root / "data" / "probes" if root is not None else PACKAGE_DIR / "probes"
+    return [directory / name for name in SHIPPED_PROBES]
 
 
 def run_probe(cfg: ProbeConfig, out=None) -> dict:
