@@ -8,9 +8,9 @@ cast to fp32 under autocast, log-softmax, its backward, the zero-filled gradient
 back. On a CPU those passes cost as much as the matmuls themselves.
 
 Here the rows go through in chunks of ~1M logits (256 rows of a 4096-token vocabulary; see
-CHUNK_LOGITS). Each chunk's logits stay in cache while
-its loss *and* its gradient are computed, in the forward pass; backward only scales the saved
-gradients. For one row with hidden state h, logits z = W·h and target t:
+CHUNK_LOGITS). Each chunk's logits stay in cache while its loss *and* its gradient are
+computed, in the forward pass; backward only scales the saved gradients. For one row with
+hidden state h, logits z = W·h and target t:
 
     loss     = logsumexp(z) - z[t]
     dloss/dz = softmax(z) - onehot(t)
