@@ -3,10 +3,10 @@
 import pytest
 import torch
 import torch.nn.functional as F
+from helpers import tiny_model
 
 import tinylm.loss
 from tinylm.loss import lm_head_cross_entropy
-from tinylm.model import ModelConfig, TinyLM
 
 
 @pytest.fixture
@@ -84,9 +84,7 @@ def test_all_rows_ignored_gives_zero_loss_and_gradient():
 
 
 def test_the_model_without_logits_trains_exactly_like_with_them():
-    torch.manual_seed(4)
-    model = TinyLM(ModelConfig(vocab_size=60, block_size=16, n_layer=2, n_head=2, n_embd=16,
-                               dropout=0.0))
+    model = tiny_model(60, seed=4, block_size=16, dropout=0.0)
     idx, targets = torch.randint(0, 60, (3, 16)), torch.randint(0, 60, (3, 16))
     targets[0, :5] = -1
     grads = []
@@ -103,7 +101,7 @@ def test_the_model_without_logits_trains_exactly_like_with_them():
 
 
 def test_the_model_needs_targets_to_skip_the_logits():
-    model = TinyLM(ModelConfig(vocab_size=20, block_size=8, n_layer=1, n_head=1, n_embd=8))
+    model = tiny_model(20, block_size=8, n_layer=1, n_head=1, n_embd=8)
     with pytest.raises(ValueError, match="pass targets"):
         model(torch.zeros(1, 8, dtype=torch.long), need_logits=False)
 

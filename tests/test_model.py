@@ -1,16 +1,15 @@
 """Behaviour of tinylm.model: causality, the KV cache, attention capture, config checks."""
 
+import helpers
 import pytest
 import torch
 
-from tinylm.model import ModelConfig, TinyLM
+from tinylm.model import ModelConfig
 
 
-def tiny_model(seed=0, **overrides):
-    torch.manual_seed(seed)
-    values = dict(vocab_size=50, block_size=16, n_layer=2, n_head=4, n_embd=32)
-    values.update(overrides)
-    return TinyLM(ModelConfig(**values)).eval()
+def tiny_model(seed=0, vocab_size=50, **overrides):
+    return helpers.tiny_model(vocab_size, seed,
+                              **{"block_size": 16, "n_head": 4, "n_embd": 32, **overrides})
 
 
 def test_logits_at_or_before_t_ignore_later_tokens():
