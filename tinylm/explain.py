@@ -24,6 +24,7 @@ from typing import Any, NamedTuple
 import torch
 
 from tinylm.attention import AttentionSteps, MultiHeadAttention, attention_steps
+from tinylm.threads import apply_threads, check_threads_setting, start_sample
 
 # The explainer's worked example (../shared/docs/attention-explainer.md): 3 tokens, d = 2, Q = K.
 EXAMPLE_Q = [[1.0, 0.0], [0.0, 1.0], [1.0, 1.0]]
@@ -54,12 +55,14 @@ class ExplainConfig:
     digits: int = 4  # decimals shown
     png: str | None = None  # write the scores/weights heatmaps here
     logdir: str | None = None  # ... and/or to TensorBoard in this directory
+    threads: int | str = "auto"  # checkpoint mode: torch intra-op threads (tinylm/threads.py)
 
     def __post_init__(self):
         for name, low in (("digits", 0), ("top", 1), ("layer", 0), ("head", 0)):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < low:
                 raise ValueError(f"{name}={value!r} is not allowed: must be an integer >= {low}")
+        check_threads_setting("threads", self.threads)
         for name in ("n_head", "d_model"):
             value = getattr(self, name)
             if value is not None and (not isinstance(value, int) or isinstance(value, bool)
@@ -589,7 +592,9 @@ def explain_checkpoint(cfg: ExplainConfig) -> Explanation:
     """One head of a trained model on `cfg.text`, following one query token through the steps."""
     from tinylm.checkpoint import load_checkpoint
 
+    cpu_sample = start_sample()
     ckpt = load_checkpoint(cfg.checkpoint)
+    apply_threads(cfg.threads, cpu_sample)  # matters little here: one forward pass
     return explain_model_head(ckpt.model, ckpt.tokenizer, cfg, source=str(ckpt.directory))
 
 

@@ -19,6 +19,7 @@ import torch
 import torch.nn.functional as F
 
 from tinylm.model import TinyLM
+from tinylm.threads import apply_threads, check_threads_setting, start_sample
 
 
 @dataclass
@@ -40,6 +41,7 @@ class GenerateConfig:
     inspect: bool = False  # write every head's attention over the text to TensorBoard
     logdir: str | None = None  # where inspect writes; default <run dir>/inspect/<timestamp>
     top_words: int = 3  # inspect: earlier words listed per head for each pronoun
+    threads: int | str = "auto"  # torch intra-op threads; auto: the idle usable cores
 
     def __post_init__(self):
         def bad(key, rule):
@@ -61,6 +63,7 @@ class GenerateConfig:
             raise bad("prefer", "must be best or last")
         if self.prompt and self.prompt_file:
             raise ValueError("give either prompt= or prompt_file=, not both")
+        check_threads_setting("threads", self.threads)
 
 
 def sample_next(
@@ -216,11 +219,13 @@ def run_generate(cfg: GenerateConfig, out=None) -> list[str]:
     from tinylm.checkpoint import load_checkpoint
     from tinylm.device import resolve_device
 
+    cpu_sample = start_sample()
     out = out or sys.stdout
     if not cfg.checkpoint:
         raise ValueError("checkpoint= is required: a run directory or a checkpoint directory")
     device = resolve_device(cfg.device)
     ckpt = load_checkpoint(cfg.checkpoint, device=device, prefer=cfg.prefer)
+    threads = apply_threads(cfg.threads, cpu_sample)
     model, tokenizer = ckpt.model, ckpt.tokenizer
     block_size = model.config.block_size
     prompt = _read_prompt(cfg) or ""  # prompt=null reads as empty
@@ -231,7 +236,8 @@ def run_generate(cfg: GenerateConfig, out=None) -> list[str]:
         print(f"note: the prompt has {len(prompt_ids) + dropped} tokens, more than "
               f"block_size={block_size}; keeping its last {block_size} tokens", file=sys.stderr)
     print(f"loaded {ckpt.directory} ({model.num_params() / 1e6:.2f}M parameters, "
-          f"block_size={block_size}) on {device}", file=sys.stderr)
+          f"block_size={block_size}) on {device}"
+          f"{f', {threads.describe()}' if device.type == 'cpu' else ''}", file=sys.stderr)
 
     generator = torch.Generator(device=device).manual_seed(cfg.seed)
     idx = torch.tensor([prompt_ids], dtype=torch.long, device=device)

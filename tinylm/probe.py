@@ -49,6 +49,7 @@ import numpy as np
 import torch
 
 from tinylm.inspection import PRONOUNS, find_words, token_word_index, word_at, word_level
+from tinylm.threads import apply_threads, check_threads_setting, start_sample
 
 SHIPPED_PROBES = ("pronouns.jsonl", "agreement.jsonl")  # in data/probes/ (a wheel: tinylm/probes/)
 ABLATION = "zeroed"  # how a head is removed: its output is multiplied by 0
@@ -68,6 +69,7 @@ class ProbeConfig:
     batch_size: int = 64  # sequences per forward pass
     device: str = "auto"
     prefer: str = "best"  # which checkpoint of a run: best or last
+    threads: int | str = "auto"  # torch intra-op threads; auto: the idle usable cores
 
     def __post_init__(self):
         if isinstance(self.probe_file, str):
@@ -82,6 +84,7 @@ class ProbeConfig:
                                  "integer >= 1")
         if self.prefer not in ("best", "last"):
             raise ValueError(f"prefer={self.prefer!r} is not allowed: must be best or last")
+        check_threads_setting("threads", self.threads)
 
 
 class ProbeFileError(ValueError):
@@ -565,6 +568,7 @@ def run_probe(cfg: ProbeConfig, out=None) -> dict:
     from tinylm.device import resolve_device
     from tinylm.generate import default_logdir
 
+    cpu_sample = start_sample()
     out = out or sys.stdout
     if not cfg.checkpoint:
         raise ValueError("checkpoint= is required: a run directory or a checkpoint directory")
@@ -573,7 +577,9 @@ def run_probe(cfg: ProbeConfig, out=None) -> dict:
     device = resolve_device(cfg.device)
     ckpt = load_checkpoint(cfg.checkpoint, device=device, prefer=cfg.prefer)
     model, c = ckpt.model, ckpt.config
-    print(f"loaded {ckpt.directory} ({c.n_layer} layers x {c.n_head} heads) on {device}; "
+    threads = apply_threads(cfg.threads, cpu_sample)
+    print(f"loaded {ckpt.directory} ({c.n_layer} layers x {c.n_head} heads) on {device}"
+          f"{f', {threads.describe()}' if device.type == 'cpu' else ''}; "
           f"{len(items)} probe items from {', '.join(map(str, files))}", file=sys.stderr)
 
     start = time.perf_counter()

@@ -49,12 +49,15 @@ from tinylm.checkpoint import (
 from tinylm.config import ConfigError, to_dataclass
 from tinylm.data import BatchSampler, DataConfig, check_enough_tokens, prepare_data
 from tinylm.device import resolve_device
+from tinylm.extras import Extras, attention_grid_summaries
 from tinylm.model import ModelConfig, TinyLM
+from tinylm.threads import apply_threads, check_threads_setting, start_sample
 from tinylm.tokenizer import TokenizerConfig
 
 log = logging.getLogger(__name__)
 
 PRECISIONS = ("auto", "fp32", "bf16", "fp16")
+OPTIMIZERS = ("adamw", "muon")
 TENSORBOARD_DIR = "tensorboard"
 
 
@@ -64,8 +67,10 @@ def _bad(key: str, value: Any, rule: str) -> ConfigError:
 
 @dataclass
 class OptimConfig:
-    """AdamW and its learning-rate schedule; mirrors conf/optim/*.yaml."""
+    """The optimizer (AdamW, or Muon + AdamW) and its learning-rate schedule; mirrors
+    conf/optim/*.yaml."""
 
+    name: str = "adamw"  # adamw | muon (Muon for the blocks' matrices, AdamW for the rest)
     lr: float = 2e-3  # peak learning rate, reached after warmup_steps
     min_lr: float = 1e-4  # where the cosine ends
     warmup_steps: int = 100
@@ -74,9 +79,15 @@ class OptimConfig:
     beta1: float = 0.9
     beta2: float = 0.99
     grad_clip: float = 1.0  # max global gradient norm; 0 = no clipping
+    muon_lr: float = 0.02  # optim=muon: peak learning rate of the matrices (scheduled like lr)
+    muon_momentum: float = 0.95  # optim=muon: momentum of the matrices' updates (Nesterov)
 
     def __post_init__(self):
-        for key in ("lr", "min_lr", "weight_decay", "grad_clip"):
+        if self.name not in OPTIMIZERS:
+            raise _bad("optim.name", self.name, f"allowed: {', '.join(OPTIMIZERS)}")
+        if not 0 <= self.muon_momentum < 1:
+            raise _bad("optim.muon_momentum", self.muon_momentum, "must be in [0, 1)")
+        for key in ("lr", "min_lr", "weight_decay", "grad_clip", "muon_lr"):
             value = getattr(self, key)
             if not isinstance(value, int | float) or isinstance(value, bool) or value < 0:
                 raise _bad(f"optim.{key}", value, "must be a number >= 0")
@@ -112,6 +123,7 @@ class TrainConfig:
     sample_prompt: str = "Once upon a time"  # continued at each evaluation, into TensorBoard
     sample_tokens: int = 64  # 0: no sample
     probe_prompt: str = "Lily and Tom went to the park. She"  # attention maps; "": none
+    threads: int | str = "auto"  # torch intra-op threads; auto: the idle usable cores (threads.py)
 
     def __post_init__(self):
         for key, least in (("max_steps", 1), ("batch_size", 1), ("grad_accum_steps", 1),
@@ -122,6 +134,7 @@ class TrainConfig:
                 raise _bad(f"train.{key}", value, f"must be an integer >= {least}")
         if self.precision not in PRECISIONS:
             raise _bad("train.precision", self.precision, f"allowed: {', '.join(PRECISIONS)}")
+        check_threads_setting("train.threads", self.threads)
         if not isinstance(self.resume, bool) and not (isinstance(self.resume, str)
                                                       and self.resume):
             raise _bad("train.resume", self.resume,
@@ -190,22 +203,41 @@ def lr_at(step: int, optim: OptimConfig, max_steps: int) -> float:
     return optim.min_lr + 0.5 * (1.0 + math.cos(math.pi * progress)) * (optim.lr - optim.min_lr)
 
 
-def configure_optimizer(model: nn.Module, optim: OptimConfig) -> torch.optim.AdamW:
-    """AdamW with weight decay on Linear matrices only; norms, biases, embeddings are not decayed.
+def split_parameters(model: nn.Module) -> tuple[list[nn.Parameter], list[nn.Parameter]]:
+    """(the matrices of Linear layers, everything else: embeddings, norms, biases).
+
+    The tied LM head appears once, as the token embedding.
+    """
+    embeddings = {id(m.weight) for m in model.modules() if isinstance(m, nn.Embedding)}
+    matrices, others = [], []
+    for p in model.parameters():
+        (matrices if p.dim() == 2 and id(p) not in embeddings else others).append(p)
+    return matrices, others
+
+
+def configure_optimizer(model: nn.Module, optim: OptimConfig):
+    """AdamW with weight decay on Linear matrices only (optim.name=muon: Muon for those
+    matrices, see tinylm/muon.py); norms, biases, embeddings are not decayed.
 
     Decay pulls weights toward 0; for a norm's gain or a bias that is not a sensible prior, and
     the token embedding (shared with the LM head) holds rare tokens that get few gradient updates
     and would shrink toward nothing.
     """
-    embeddings = {id(m.weight) for m in model.modules() if isinstance(m, nn.Embedding)}
-    decay, no_decay = [], []
-    for p in model.parameters():  # the tied LM head appears once, as the token embedding
-        (decay if p.dim() >= 2 and id(p) not in embeddings else no_decay).append(p)
-    groups = [{"params": decay, "weight_decay": optim.weight_decay},
-              {"params": no_decay, "weight_decay": 0.0}]
+    matrices, others = split_parameters(model)
+    if optim.name == "muon":
+        from tinylm.muon import muon_with_adamw
+
+        return muon_with_adamw(matrices, others, optim)
+    groups = [{"params": matrices, "weight_decay": optim.weight_decay},
+              {"params": others, "weight_decay": 0.0}]
+    return adamw(groups, optim)
+
+
+def adamw(groups: list[dict], optim: OptimConfig) -> torch.optim.AdamW:
+    """torch's AdamW over `groups` with optim's lr and betas, fused where PyTorch has it."""
     # fused: one kernel for all parameters instead of a dozen passes over them, ~7x faster on
     # a CPU for the default model (3.6 -> 0.5 ms a step), where PyTorch has it (CPU, CUDA)
-    fused = all(p.device.type in ("cpu", "cuda") for p in model.parameters())
+    fused = all(p.device.type in ("cpu", "cuda") for g in groups for p in g["params"])
     return torch.optim.AdamW(groups, lr=optim.lr, betas=(optim.beta1, optim.beta2), fused=fused)
 
 
@@ -332,6 +364,10 @@ def _check_resume_matches(ckpt, model_cfg: ModelConfig, cfg: RunConfig, tokenize
         f"model.{k}: checkpoint {v!r}, this run {getattr(model_cfg, k)!r}"
         for k, v in dataclasses.asdict(ckpt.config).items()
         if k != "dropout" and getattr(model_cfg, k) != v]
+    saved_optimizer = ckpt.run_config.get("optim", {}).get("name", "adamw")
+    if saved_optimizer != cfg.optim.name:  # their states do not fit each other
+        differences.append(f"optim.name: checkpoint {saved_optimizer!r}, this run "
+                           f"{cfg.optim.name!r}")
     differences += [
         f"tokenizer.{k}: checkpoint {saved_tok[k]!r}, this run {v!r}"
         for k, v in dataclasses.asdict(cfg.tokenizer).items() if k in saved_tok
@@ -387,12 +423,12 @@ def evaluate(model: nn.Module, val_ids: np.ndarray, cfg: TrainConfig, block_size
     return _all_reduce([total / cfg.eval_batches], world_size)[0] / world_size
 
 
-def _log_sample_and_attention(writer, model: TinyLM, tokenizer, cfg: TrainConfig, step: int,
-                              device: torch.device) -> None:
-    """TensorBoard: a continuation of sample_prompt, and every layer's heads on probe_prompt."""
+def _log_sample_and_attention(writer, extras: Extras, model: TinyLM, tokenizer,
+                              cfg: TrainConfig, step: int, device: torch.device) -> None:
+    """TensorBoard: a continuation of sample_prompt, and every layer's heads on probe_prompt
+    (captured here, drawn by the extras' helper while training goes on)."""
     from tinylm.generate import encode_prompt, generate
     from tinylm.inspection import capture_attention
-    from tinylm.plots import attention_grid_figure, log_figure
 
     model.eval()
     if cfg.sample_tokens:
@@ -405,9 +441,7 @@ def _log_sample_and_attention(writer, model: TinyLM, tokenizer, cfg: TrainConfig
         writer.add_text("samples/text", "```\n" + text + "\n```", step)
     if cfg.probe_prompt:
         capture = capture_attention(model, tokenizer, cfg.probe_prompt)
-        for layer, weights in enumerate(capture.weights):
-            fig = attention_grid_figure(weights, capture.tokens, f"layer {layer}, step {step}")
-            log_figure(writer, f"attention/layer_{layer:02d}", fig, step)
+        extras.submit(step, attention_grid_summaries, capture.weights, capture.tokens)
     model.train()
 
 
@@ -431,6 +465,7 @@ class Trainer:
     """
 
     def __init__(self, cfg: RunConfig):
+        cpu_sample = start_sample()  # threads=auto: how busy the cores are during start-up
         t = self.t = cfg.train
         self.cfg, self.run_dir = cfg, Path(cfg.run_dir)
         self.rank, local_rank, self.world_size = init_distributed()
@@ -467,6 +502,7 @@ class Trainer:
         self.tokens_per_step = (t.batch_size * model_cfg.block_size * t.grad_accum_steps
                                 * self.world_size)
 
+        self.threads = apply_threads(t.threads, cpu_sample)
         torch.manual_seed(t.seed)
         self.model = TinyLM(model_cfg).to(device)  # the plain module: saved, sampled, probed
         self.optimizer = configure_optimizer(self.model, cfg.optim)
@@ -483,8 +519,9 @@ class Trainer:
             self.forward = nn.parallel.DistributedDataParallel(
                 self.forward, device_ids=[device.index] if device.type == "cuda" else None)
 
-        self.writer = None
+        self.writer, self.extras = None, None
         if self.is_main:
+            self.extras = Extras()  # draws the figures in a helper process
             from torch.utils.tensorboard import SummaryWriter
 
             # purge_step hides what an earlier attempt logged after this checkpoint's step
@@ -498,7 +535,8 @@ class Trainer:
                       f"({model_cfg.n_layer} layers, {model_cfg.n_head} heads, n_embd "
                       f"{model_cfg.n_embd}, block_size {model_cfg.block_size}, vocab "
                       f"{model_cfg.vocab_size}); {str(self.dtype)[6:]} on {device}"
-                      f"{f' x {self.world_size} processes' if self.world_size > 1 else ''}; "
+                      f"{f' x {self.world_size} processes' if self.world_size > 1 else ''}"
+                      f"{f', {self.threads.describe()}' if device.type == 'cpu' else ''}; "
                       f"{self.tokens_per_step:,} tokens per step; run dir {self.run_dir}")
 
     # ---------------------------------------------------------------- checkpoints and resume
@@ -554,8 +592,8 @@ class Trainer:
         """One optimizer step -> (mean loss, gradient norm, lr, whether any rank must stop)."""
         t = self.t
         lr = lr_at(self.step, self.cfg.optim, t.max_steps)
-        for group in self.optimizer.param_groups:
-            group["lr"] = lr
+        for group in self.optimizer.param_groups:  # Muon's matrices: muon_lr / lr times more
+            group["lr"] = lr * group.get("lr_scale", 1.0)
         loss_sum = torch.zeros((), device=self.device)
         for micro in range(t.grad_accum_steps):
             x, y = self.sampler.next_batch(self.device)  # (B, T) each
@@ -599,8 +637,8 @@ class Trainer:
             perplexity = math.exp(min(val_loss, 50.0))
             self.writer.add_scalar("val/loss", val_loss, self.step)
             self.writer.add_scalar("val/perplexity", perplexity, self.step)
-            _log_sample_and_attention(self.writer, self.model, self.tokenizer, self.t,
-                                      self.step, self.device)
+            _log_sample_and_attention(self.writer, self.extras, self.model, self.tokenizer,
+                                      self.t, self.step, self.device)
             self.info(f"step {self.step}: val loss {val_loss:.4f}, perplexity {perplexity:.2f}"
                       f"{' (best)' if val_loss < self.best_val else ''}")
         return val_loss
@@ -613,6 +651,20 @@ class Trainer:
         w.add_scalar("train/tokens_per_sec", tokens_per_s, step)
         w.add_scalar("train/mfu", self.model.flops_per_token() * tokens_per_s / self.peak_flops,
                      step)
+
+    def close_logs(self, wait: bool = True) -> None:
+        """Write the figures still being drawn, then close the TensorBoard files; with
+        wait=False, or on Ctrl-C while waiting, drop those figures and say so."""
+        if self.writer is None:
+            return
+        try:
+            dropped = self.extras.close(self.writer, wait)
+        except KeyboardInterrupt:
+            dropped = self.extras.close(self.writer, wait=False)
+        if dropped:
+            log.warning(f"dropped the figures of {dropped} evaluation(s) still being drawn")
+        self.writer.close()
+        self.writer = None
 
     # ------------------------------------------------------------------------------ the loop
 
@@ -629,44 +681,50 @@ class Trainer:
         bar = tqdm(total=t.max_steps, initial=self.step, desc="train", unit="step",
                    disable=not self.is_main, dynamic_ncols=True)
         stop = _StopSignals(abort_on_second=self.world_size == 1)
-        with stop, logging_redirect_tqdm(), bar:
-            while self.step < t.max_steps:
-                train_loss, grad_norm, lr, stopping = self.train_step(stop)
-                losses.append(train_loss)
-                window_steps += 1
-                bar.update(1)
-                step, done = self.step, self.step == t.max_steps
+        try:
+            with stop, logging_redirect_tqdm(), bar:
+                while self.step < t.max_steps:
+                    train_loss, grad_norm, lr, stopping = self.train_step(stop)
+                    losses.append(train_loss)
+                    window_steps += 1
+                    bar.update(1)
+                    step, done = self.step, self.step == t.max_steps
 
-                logging = step % t.log_interval == 0 or done
-                if logging and self.is_main:
-                    tokens_per_s = window_steps * self.tokens_per_step / (
-                        time.perf_counter() - window_start)
-                    mean_loss = sum(losses) / len(losses)
-                    bar.set_postfix(loss=f"{mean_loss:.4f}", tok_s=f"{tokens_per_s:,.0f}")
-                    self.log_train(mean_loss, grad_norm, lr, tokens_per_s)
-                if logging:
-                    losses.clear()
+                    logging = step % t.log_interval == 0 or done
+                    if logging and self.is_main:
+                        self.extras.write_finished(self.writer)
+                        tokens_per_s = window_steps * self.tokens_per_step / (
+                            time.perf_counter() - window_start)
+                        mean_loss = sum(losses) / len(losses)
+                        bar.set_postfix(loss=f"{mean_loss:.4f}", tok_s=f"{tokens_per_s:,.0f}")
+                        self.log_train(mean_loss, grad_norm, lr, tokens_per_s)
+                    if logging:
+                        losses.clear()
 
-                tags: tuple[str, ...] = ()
-                evaluating = step % t.eval_interval == 0 or done
-                if evaluating:
-                    val_loss = self.evaluate()
-                    if val_loss < self.best_val:  # the same on every rank (all-reduced)
-                        self.best_val, tags = val_loss, ("last", "best")
-                if (t.checkpoint_interval and step % t.checkpoint_interval == 0) or done or \
-                        stopping:
-                    tags = tags or ("last",)
-                if tags and step != last_saved:
-                    self.save(tags)
-                    last_saved = step
-                if logging or evaluating or tags:
-                    window_start, window_steps = time.perf_counter(), 0
-                if stopping and not done:
-                    if self.writer is not None:
-                        self.writer.close()
-                    # another rank may have been the one signalled
-                    raise TrainingInterrupted(stop.signum or signal.SIGTERM,
-                                              self.last_checkpoint(), step)
+                    tags: tuple[str, ...] = ()
+                    evaluating = step % t.eval_interval == 0 or done
+                    if evaluating:
+                        val_loss = self.evaluate()
+                        if val_loss < self.best_val:  # the same on every rank (all-reduced)
+                            self.best_val, tags = val_loss, ("last", "best")
+                    if (t.checkpoint_interval and step % t.checkpoint_interval == 0) or done or \
+                            stopping:
+                        tags = tags or ("last",)
+                    if tags and step != last_saved:
+                        self.save(tags)
+                        last_saved = step
+                    if logging or evaluating or tags:
+                        window_start, window_steps = time.perf_counter(), 0
+                    if stopping and not done:
+                        self.close_logs()
+                        # another rank may have been the one signalled
+                        raise TrainingInterrupted(stop.signum or signal.SIGTERM,
+                                                  self.last_checkpoint(), step)
+        except KeyboardInterrupt:  # a second Ctrl-C: out at once
+            self.close_logs(wait=False)
+            raise
+        finally:
+            self.close_logs()  # waits for the figures still being drawn
 
         seconds = time.perf_counter() - start_time
         trained = self.step - start_step
@@ -677,7 +735,6 @@ class Trainer:
             "tokens_per_sec": trained * self.tokens_per_step / seconds if trained else None,
             "run_dir": str(self.run_dir), "log_dir": str(self.run_dir / TENSORBOARD_DIR)}
         if self.is_main:
-            self.writer.close()
             metrics["checkpoint"] = str(resolve_checkpoint_dir(self.run_dir, "last"))
             metrics["best_checkpoint"] = str(resolve_checkpoint_dir(self.run_dir, "best"))
         return metrics

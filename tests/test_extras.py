@@ -1,0 +1,77 @@
+"""The evaluation extras' helper: summaries drawn elsewhere, written in order, waited for."""
+
+import threading
+
+import numpy as np
+import pytest
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+from torch.utils.tensorboard import SummaryWriter
+
+from tinylm.extras import Extras, attention_grid_summaries, image_summary
+from tinylm.plots import attention_grid_figure, figure_to_image
+
+TOKENS = ["Lily", " went", " home", ".", " She"]
+
+
+def weights(seed):
+    """(n_layer=2, n_head=2, T, T) rows that sum to 1 over the causal keys."""
+    rng = np.random.default_rng(seed)
+    w = np.tril(rng.random((2, 2, 5, 5))).astype(np.float32)
+    return w / w.sum(-1, keepdims=True)
+
+
+def images(logdir):
+    events = EventAccumulator(str(logdir), size_guidance={"images": 0})
+    events.Reload()
+    return {tag: events.Images(tag) for tag in events.Tags()["images"]}
+
+
+@pytest.mark.slow
+def test_the_helper_process_writes_what_add_image_writes(tmp_path):
+    extras = Extras("process")
+    with SummaryWriter(tmp_path / "helper") as writer:
+        extras.submit(10, attention_grid_summaries, weights(0), TOKENS)
+        extras.submit(20, attention_grid_summaries, weights(1), TOKENS)
+        assert extras.close(writer, wait=True) == 0
+    assert extras.pending == 0
+    with SummaryWriter(tmp_path / "inline") as writer:  # what training wrote before the helper
+        for step, seed in ((10, 0), (20, 1)):
+            for layer, w in enumerate(weights(seed)):
+                fig = attention_grid_figure(w, TOKENS, f"layer {layer}, step {step}")
+                writer.add_image(f"attention/layer_{layer:02d}", figure_to_image(fig), step,
+                                 dataformats="HWC")
+    helper, inline = images(tmp_path / "helper"), images(tmp_path / "inline")
+    assert sorted(helper) == sorted(inline) == ["attention/layer_00", "attention/layer_01"]
+    for tag in helper:
+        assert [e.step for e in helper[tag]] == [10, 20]
+        assert [e.encoded_image_string for e in helper[tag]] == [
+            e.encoded_image_string for e in inline[tag]]
+
+
+def slow_summary(release: threading.Event, step):
+    release.wait(10)
+    return [image_summary("slow", np.zeros((2, 2, 3), dtype=np.uint8))]
+
+
+def test_finished_extras_are_written_in_order_and_close_can_drop_the_rest(tmp_path):
+    release = threading.Event()
+    extras = Extras("thread")
+    with SummaryWriter(tmp_path) as writer:
+        extras.submit(1, attention_grid_summaries, weights(0), TOKENS)
+        extras.submit(2, slow_summary, release)
+        extras.submit(3, attention_grid_summaries, weights(1), TOKENS)
+        extras._pending[0][2].result()  # the first is done; the second waits for `release`
+        extras.write_finished(writer)
+        assert extras.pending == 2  # the third may be done, but waits its turn behind the second
+        assert extras.close(writer, wait=False) == 2
+        release.set()
+    written = images(tmp_path)
+    assert [e.step for e in written["attention/layer_00"]] == [1]
+    assert "slow" not in written
+
+
+def test_an_extra_that_fails_raises_in_the_training_process(tmp_path):
+    extras = Extras("thread")
+    with pytest.raises(ValueError, match="weights must be"), SummaryWriter(tmp_path) as writer:
+        extras.submit(1, attention_grid_summaries, weights(0)[:, :, :3, :3], TOKENS)
+        extras.write_finished(writer)

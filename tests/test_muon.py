@@ -1,0 +1,74 @@
+"""optim=muon: which parameters Muon and AdamW each get, and how the schedule drives both."""
+
+import pytest
+import torch
+
+from tinylm.model import ModelConfig, TinyLM
+from tinylm.muon import MuonWithAdamW
+from tinylm.train import OptimConfig, configure_optimizer, lr_at
+
+
+def small_model(bias=True):
+    torch.manual_seed(0)
+    return TinyLM(ModelConfig(vocab_size=50, block_size=8, n_layer=2, n_head=2, n_embd=8,
+                              bias=bias))
+
+
+def test_muon_takes_the_blocks_matrices_and_adamw_the_rest():
+    model = small_model()
+    optimizer = configure_optimizer(model, OptimConfig(name="muon", lr=1e-3, muon_lr=0.02))
+    assert isinstance(optimizer, MuonWithAdamW)
+    assert isinstance(optimizer.muon, torch.optim.Muon)
+    assert isinstance(optimizer.adamw, torch.optim.AdamW)
+    names = {id(p): n for n, p in model.named_parameters()}  # the tied head: once, as wte
+    muon = sorted(names[id(p)] for g in optimizer.muon.param_groups for p in g["params"])
+    adamw = sorted(names[id(p)] for g in optimizer.adamw.param_groups for p in g["params"])
+    assert muon == sorted(f"blocks.{i}.{name}.weight" for i in range(2) for name in (
+        "attn.qkv_proj", "attn.out_proj", "mlp.fc", "mlp.proj"))
+    assert {"wte.weight", "wpe.weight", "ln_f.weight", "ln_f.bias", "blocks.0.ln_1.weight",
+            "blocks.1.mlp.fc.bias"} <= set(adamw)
+    assert all(n.endswith((".bias", "ln_1.weight", "ln_2.weight", "ln_f.weight")) or
+               n in ("wte.weight", "wpe.weight") for n in adamw)
+    assert sorted(muon + adamw) == sorted(names.values())
+    assert model.lm_head.weight is model.wte.weight  # so the head trains with AdamW, undecayed
+    # weight decay on Muon's matrices only; the schedule scales Muon's group by muon_lr / lr
+    assert [g["weight_decay"] for g in optimizer.param_groups] == [0.1, 0.0]
+    assert optimizer.muon.param_groups[0]["lr_scale"] == pytest.approx(20.0)
+    assert optimizer.muon.param_groups[0]["momentum"] == 0.95
+
+
+def test_muon_and_adamw_both_move_their_parameters_and_save_their_state():
+    model = small_model()
+    optimizer = configure_optimizer(model, OptimConfig(name="muon"))
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    x = torch.randint(0, 50, (4, 8))
+    model(x, x).loss.backward()
+    optimizer.step()
+    optimizer.zero_grad()
+    assert all(not torch.equal(before[n], p) for n, p in model.named_parameters())
+    assert all(p.grad is None for p in model.parameters())
+    state = optimizer.state_dict()
+    again = configure_optimizer(small_model(), OptimConfig(name="muon"))
+    again.load_state_dict(state)
+    assert again.state_dict()["muon"]["state"].keys() == state["muon"]["state"].keys()
+
+
+def test_adamw_is_still_the_default():
+    assert isinstance(configure_optimizer(small_model(), OptimConfig()), torch.optim.AdamW)
+
+
+def test_the_schedule_reaches_muon_through_its_scale():
+    optim = OptimConfig(name="muon", lr=1e-3, muon_lr=0.03, warmup_steps=0, min_lr=1e-4)
+    optimizer = configure_optimizer(small_model(), optim)
+    lr = lr_at(500, optim, max_steps=1000)
+    for group in optimizer.param_groups:  # what Trainer.train_step does
+        group["lr"] = lr * group.get("lr_scale", 1.0)
+    assert optimizer.muon.param_groups[0]["lr"] == pytest.approx(lr * 30)
+    assert optimizer.adamw.param_groups[0]["lr"] == lr
+
+
+@pytest.mark.parametrize(("key", "value"), [("name", "sgd"), ("muon_lr", -1.0),
+                                            ("muon_momentum", 1.0)])
+def test_bad_muon_settings_are_refused_naming_the_key(key, value):
+    with pytest.raises(ValueError, match=rf"optim\.{key}=.* is not allowed"):
+        OptimConfig(**{key: value})

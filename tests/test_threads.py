@@ -1,0 +1,109 @@
+"""threads=auto: the thread count follows the usable cores and how busy they are."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import tinylm.threads
+from tinylm.config import ConfigError
+from tinylm.generate import GenerateConfig
+from tinylm.threads import apply_threads, busy_cpus, choose_threads, usable_cpus
+from tinylm.train import TrainConfig
+
+
+@pytest.fixture
+def machine(monkeypatch):
+    """Set the affinity (a set of CPU ids) and the busy cores the next choice sees."""
+    def set_machine(cpus, busy):
+        monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(cpus), raising=False)
+        monkeypatch.setattr(tinylm.threads, "busy_cpus",
+                            lambda cpus, since=None: None if busy is None else (busy, "test"))
+    monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
+    return set_machine
+
+
+def test_auto_takes_every_usable_core_of_an_idle_machine(machine):
+    machine(range(4), 0.0)
+    choice = choose_threads("auto")
+    assert choice.threads == 4
+    assert choice.reason == "auto: 4 usable cores, idle"
+
+
+@pytest.mark.parametrize(("busy", "threads"), [(0.3, 2), (0.6, 1), (1.0, 1), (2.0, 1)])
+def test_auto_leaves_the_cores_other_work_keeps_busy_and_keeps_at_least_one(
+        machine, busy, threads):
+    machine({0, 1}, busy)
+    choice = choose_threads("auto")
+    assert choice.threads == threads
+    assert f"{busy:.1f} busy with other work" in choice.reason
+
+
+def test_auto_counts_only_the_cores_of_the_affinity_mask(machine, monkeypatch):
+    monkeypatch.setattr(os, "cpu_count", lambda: 64)
+    machine({3, 5}, 0.0)
+    assert choose_threads("auto").threads == 2
+
+
+def test_without_an_affinity_call_every_cpu_is_usable(machine, monkeypatch):
+    machine(range(2), 0.0)
+    monkeypatch.delattr(os, "sched_getaffinity")  # macOS, Windows
+    monkeypatch.setattr(os, "cpu_count", lambda: 6)
+    assert usable_cpus() == list(range(6))
+    assert choose_threads("auto").threads == 6
+
+
+def test_under_torchrun_each_process_takes_its_share(machine, monkeypatch):
+    machine(range(8), 0.5)
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    choice = choose_threads("auto")
+    assert choice.threads == 4
+    assert "4 each for 2 processes" in choice.reason
+
+
+def test_unknown_load_takes_the_share(machine):
+    machine(range(2), None)
+    assert choose_threads("auto") == tinylm.threads.ThreadChoice(2, "auto: 2 usable cores, "
+                                                                 "load unknown")
+
+
+def test_an_explicit_number_wins_over_the_load(machine):
+    machine(range(2), 2.0)
+    assert choose_threads(3).threads == 3 and choose_threads(3).reason == "set"
+
+
+def test_apply_threads_sets_torchs_intra_op_threads(machine):
+    machine(range(2), 1.0)
+    before = torch.get_num_threads()
+    try:
+        assert apply_threads("auto").threads == 1 and torch.get_num_threads() == 1
+        assert apply_threads(2).threads == 2 and torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_a_busy_process_is_measured_as_one_busy_core():
+    cpus = usable_cpus()
+    busy_loop = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        # let it start, then watch the cores (Linux: /proc/stat, elsewhere the load average)
+        subprocess.run([sys.executable, "-c", "import time; time.sleep(0.3)"], check=True)
+        busy, how = busy_cpus(cpus)
+    finally:
+        busy_loop.kill()
+        busy_loop.wait()
+    if sys.platform.startswith("linux"):
+        assert 0.7 <= busy <= len(cpus) and how.startswith("over 0.")
+    else:
+        assert how == "1-minute load average" and busy >= 0
+
+
+@pytest.mark.parametrize("value", [0, -2, "many", 1.5, True])
+def test_bad_thread_settings_are_refused_naming_the_key(value):
+    with pytest.raises(ConfigError, match=r"train\.threads=.* is not allowed: must be auto or "
+                                          "an integer >= 1"):
+        TrainConfig(threads=value)
+    with pytest.raises(ConfigError, match=r"^threads=.* is not allowed"):
+        GenerateConfig(threads=value)

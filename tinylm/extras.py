@@ -1,0 +1,125 @@
+"""Evaluation extras drawn beside training: figures go to a helper process, the steps go on.
+
+Drawing a layer's attention grid with matplotlib takes longer than dozens of training steps.
+Training hands copies of what a figure needs (numpy arrays, strings) to a helper process,
+keeps training, and writes each finished summary to TensorBoard between steps:
+
+    extras = Extras()                                         # the helper starts at the first job
+    extras.submit(250, attention_grid_summaries, weights, tokens)   # weights (L, nh, T, T)
+    extras.write_finished(writer)                             # between steps: what is done
+    dropped = extras.close(writer, wait=True)                 # end of run: wait for the rest
+
+An extra is a module-level function (the helper imports it by name) that takes plain data and
+the step and returns serialized TensorBoard `Summary` protos; adding one is one `submit` call.
+A process rather than a thread: matplotlib holds the GIL while it draws, and every torch call of
+the training loop needs the GIL back, so a drawing thread slowed the steps nearly as much as
+drawing inline (docs/benchmarks.md). The helper imports no torch and runs at a lower priority,
+so that it takes the cycles the training threads leave idle.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import multiprocessing
+import os
+import time
+from collections.abc import Callable
+from concurrent.futures import Executor, Future, ProcessPoolExecutor, ThreadPoolExecutor
+
+import numpy as np
+
+# how much lower the helper's scheduling priority is (Unix nice; 19 is the lowest)
+HELPER_NICENESS = 10
+
+
+def _start_helper() -> None:
+    """In the helper: yield the CPU to training, and load matplotlib before the first job."""
+    with contextlib.suppress(AttributeError, OSError):  # os.nice: Unix only
+        os.nice(HELPER_NICENESS)
+    import tinylm.plots  # noqa: F401  (the import is the warm-up)
+
+
+class Extras:
+    """Runs extras in a helper (a `process`, or a `thread` for comparison) and writes their
+    summaries to TensorBoard in the order they were submitted."""
+
+    def __init__(self, helper: str = "process"):
+        if helper not in ("process", "thread"):
+            raise ValueError(f"helper={helper!r}: allowed process, thread")
+        self.helper = helper
+        self._pending: list[tuple[int, float, Future]] = []
+        self._executor: Executor | None = None  # started by the first submit
+
+    def submit(self, step: int, extra: Callable[..., list[bytes]], *args) -> None:
+        """Run `extra(*args, step)` in the helper; its summaries are written at `step`."""
+        if self._executor is None:
+            if self.helper == "process":
+                # spawn on every OS: a fork of a process running OpenMP threads is not safe
+                self._executor = ProcessPoolExecutor(
+                    1, mp_context=multiprocessing.get_context("spawn"),
+                    initializer=_start_helper)
+            else:
+                self._executor = ThreadPoolExecutor(1, thread_name_prefix="tinylm-extras")
+        walltime = time.time()  # TensorBoard shows when the evaluation happened
+        self._pending.append((step, walltime, self._executor.submit(extra, *args, step)))
+
+    @property
+    def pending(self) -> int:
+        return len(self._pending)
+
+    def write_finished(self, writer) -> None:
+        """Write the summaries of the extras finished so far, oldest first; an extra that
+        failed raises its error here."""
+        while self._pending and self._pending[0][2].done():
+            self._write(writer, *self._pending.pop(0))
+
+    def close(self, writer, wait: bool = True) -> int:
+        """Stop the helper: write what is pending (wait=True) or drop it; returns how many
+        extras were dropped."""
+        dropped = 0
+        if wait:
+            for step, walltime, done in self._pending:
+                self._write(writer, step, walltime, done)
+        else:
+            dropped = sum(not done.done() for _, _, done in self._pending)
+            for step, walltime, done in self._pending:
+                if done.done() and done.exception() is None:
+                    self._write(writer, step, walltime, done)
+        self._pending.clear()
+        if self._executor is not None:
+            self._executor.shutdown(wait=wait, cancel_futures=True)
+        return dropped
+
+    @staticmethod
+    def _write(writer, step: int, walltime: float, done: Future) -> None:
+        from tensorboard.compat.proto.summary_pb2 import Summary
+
+        for serialized in done.result():
+            writer.file_writer.add_summary(Summary.FromString(serialized), step, walltime)
+
+
+# ------------------------------------------------------------------------------ the extras
+
+
+def image_summary(tag: str, image: np.ndarray) -> bytes:
+    """A serialized TensorBoard image Summary of an RGB uint8 array (H, W, 3): the bytes that
+    SummaryWriter.add_image(tag, image, dataformats="HWC") writes."""
+    from PIL import Image
+    from tensorboard.compat.proto.summary_pb2 import Summary
+
+    height, width, channels = image.shape
+    png = io.BytesIO()
+    Image.fromarray(image).save(png, format="PNG")
+    picture = Summary.Image(height=height, width=width, colorspace=channels,
+                            encoded_image_string=png.getvalue())
+    return Summary(value=[Summary.Value(tag=tag, image=picture)]).SerializeToString()
+
+
+def attention_grid_summaries(weights: np.ndarray, tokens: list[str], step: int) -> list[bytes]:
+    """`attention/layer_NN`: every head of each layer; weights (n_layer, n_head, T, T)."""
+    from tinylm.plots import attention_grid_figure, figure_to_image
+
+    return [image_summary(f"attention/layer_{layer:02d}", figure_to_image(
+        attention_grid_figure(w, tokens, f"layer {layer}, step {step}")))
+        for layer, w in enumerate(weights)]

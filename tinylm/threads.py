@@ -1,0 +1,140 @@
+"""How many intra-op threads torch should use: `threads=auto` fits them to the machine as it is.
+
+PyTorch starts one intra-op thread per physical core and has them spin against each other's
+work: a parallel region waits for its slowest thread, so when another program holds one of the
+cores every step waits for the thread that shares it. Beside one busy process a 2-thread run kept
+about a third of its speed; with 1 thread it kept almost all. So `auto` counts the cores this
+process may run on (its affinity) and how many of them other work keeps busy right now, and
+takes the idle ones (at least 1). Under torchrun the processes on one machine split the cores.
+
+    choice = choose_threads("auto")          # ThreadChoice(threads=2, reason="auto: ...")
+    apply_threads(cfg.threads)               # sets torch's intra-op threads; returns the choice
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import time
+from dataclasses import dataclass
+
+from tinylm.config import ConfigError
+
+# how long `auto` watches the cores when the caller has no earlier sample to compare with
+MEASURE_SECONDS = 0.2
+
+
+@dataclass(frozen=True)
+class ThreadChoice:
+    """The intra-op thread count, and why, in words for the start-up line."""
+
+    threads: int
+    reason: str
+
+    def describe(self) -> str:
+        return f"{self.threads} thread{'s' if self.threads != 1 else ''} ({self.reason})"
+
+
+def check_threads_setting(key: str, value) -> None:
+    """ConfigError naming `key` unless value is "auto" or an integer >= 1."""
+    if value == "auto" or (isinstance(value, int) and not isinstance(value, bool) and value >= 1):
+        return
+    raise ConfigError(f"{key}={value!r} is not allowed: must be auto or an integer >= 1")
+
+
+def usable_cpus() -> list[int]:
+    """The logical CPUs this process may run on (its affinity; all of them where the OS has no
+    affinity call, as on macOS and Windows)."""
+    if hasattr(os, "sched_getaffinity"):
+        return sorted(os.sched_getaffinity(0))
+    return list(range(os.cpu_count() or 1))
+
+
+@dataclass(frozen=True)
+class CpuSample:
+    """Busy time of some CPUs and of this process at one moment (Linux: /proc/stat)."""
+
+    wall: float
+    busy: float  # seconds the CPUs spent running anything
+    own: float  # seconds this process ran (all its threads)
+
+
+def sample_cpus(cpus: list[int]) -> CpuSample | None:
+    """Busy seconds of `cpus` so far, from /proc/stat; None where there is no /proc/stat."""
+    try:
+        with open("/proc/stat", encoding="ascii") as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return None
+    wanted = {f"cpu{i}" for i in cpus}
+    ticks = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+    busy = 0
+    for line in lines:
+        name, *fields = line.split()
+        if name in wanted:
+            # user nice system idle iowait irq softirq steal ...: idle and iowait are not busy
+            values = [int(v) for v in fields[:8]]
+            busy += sum(values) - values[3] - values[4]
+    times = os.times()
+    return CpuSample(time.monotonic(), busy / ticks, times.user + times.system)
+
+
+def busy_cpus(cpus: list[int], since: CpuSample | None = None) -> tuple[float, str] | None:
+    """How many of `cpus` other programs keep busy, and how that was found; None: unknown.
+
+    Linux: the busy time of those CPUs from /proc/stat minus this process's own, over the time
+    since `since` (the caller's start-up) or a short wait. Elsewhere: the 1-minute load average.
+    """
+    start = since or sample_cpus(cpus)
+    if start is not None:
+        if time.monotonic() - start.wall < MEASURE_SECONDS:
+            time.sleep(MEASURE_SECONDS - (time.monotonic() - start.wall))
+        end = sample_cpus(cpus)
+        others = (end.busy - start.busy) - (end.own - start.own)
+        busy = max(0.0, others / (end.wall - start.wall))
+        return min(busy, float(len(cpus))), f"over {end.wall - start.wall:.1f} s"
+    with contextlib.suppress(OSError, AttributeError):
+        return os.getloadavg()[0], "1-minute load average"
+    return None
+
+
+def local_world_size() -> int:
+    """How many processes of this job share the machine (torchrun sets LOCAL_WORLD_SIZE)."""
+    return max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
+
+
+def choose_threads(setting: int | str, since: CpuSample | None = None) -> ThreadChoice:
+    """The thread count for `setting`: a number is taken as is; `auto` takes this process's
+    share of its usable cores, less those that other programs keep busy, and at least 1."""
+    if setting != "auto":
+        return ThreadChoice(int(setting), "set")
+    cpus = usable_cpus()
+    processes = local_world_size()
+    share = max(1, len(cpus) // processes)
+    why = [f"{len(cpus)} usable core{'s' if len(cpus) != 1 else ''}"]
+    if processes > 1:
+        why.append(f"{share} each for {processes} processes")
+    load = busy_cpus(cpus, since)
+    if load is None:
+        why.append("load unknown")
+        return ThreadChoice(share, "auto: " + ", ".join(why))
+    busy, how = load
+    idle = len(cpus) - busy
+    # half a core of other work or more counts as a core taken: a thread there would wait
+    threads = max(1, min(share, int(idle + 0.5)))
+    why.append(f"{busy:.1f} busy with other work ({how})" if busy >= 0.05 else "idle")
+    return ThreadChoice(threads, "auto: " + ", ".join(why))
+
+
+def apply_threads(setting: int | str, since: CpuSample | None = None) -> ThreadChoice:
+    """Choose the intra-op thread count for `setting` and give it to torch."""
+    import torch
+
+    choice = choose_threads(setting, since)
+    torch.set_num_threads(choice.threads)
+    return choice
+
+
+def start_sample() -> CpuSample | None:
+    """A sample to hand to choose_threads later, so that start-up work doubles as the wait."""
+    return sample_cpus(usable_cpus())
