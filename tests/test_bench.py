@@ -20,8 +20,10 @@ from tinylm.bench import (
     SECTIONS,
     AttentionBenchConfig,
     BenchConfig,
+    EndToEndBenchConfig,
     GenerateBenchConfig,
     InspectBenchConfig,
+    LoadBenchConfig,
     Ratio,
     Row,
     Section,
@@ -53,7 +55,15 @@ def tiny_config(tmp_path: Path, **overrides) -> BenchConfig:
         train=TrainBenchConfig(batch_size=2, peak_size=64),
         generate=GenerateBenchConfig(block_size=24, prompt_len=4, new_tokens=8,
                                      early_position=4, late_position=20, latency_steps=2),
-        inspect=InspectBenchConfig(batch_size=1, seq_len=8))
+        inspect=InspectBenchConfig(batch_size=1, seq_len=8),
+        load=LoadBenchConfig(batch_size=2, steps_per_call=1, decode_tokens=2, settle_s=0.1),
+        endtoend=EndToEndBenchConfig(experiment=None, target_val=100.0, overrides=[
+            "data=text", f"data.data_root={tmp_path}", "data.files=[corpus.txt]",
+            f"data.cache_dir={tmp_path / 'cache'}", "tokenizer.vocab_size=300",
+            "model.n_layer=1", "model.n_head=2", "model.n_embd=16", "model.block_size=16",
+            "train.batch_size=2", "train.max_steps=4", "train.eval_interval=2",
+            "train.eval_batches=1", "train.log_interval=1", "train.sample_tokens=4",
+            "train.device=cpu"]))
     values.update(overrides)
     return BenchConfig(**values)
 
@@ -82,7 +92,21 @@ def test_every_section_writes_positive_finite_figures_to_json(tmp_path):
     assert "mfu" in train["tinylm bf16"]["figures"]
     assert sum(r["note"] == "best setting" for r in train.values()) == 2  # ours and GPT-2's
     targets = {r["target"] for s in on_disk["sections"].values() for r in s["ratios"]}
-    assert {1.0, 1.25, 0.6, 2.0, 1.5, 1.3} <= targets  # every target of the issue is judged
+    assert {1.0, 1.25, 0.6, 2.0, 1.5, 1.3, 0.7, 0.5} <= targets  # every target is judged
+    load = on_disk["sections"]["load"]
+    assert {r["name"] for r in load["rows"]} >= {
+        f"{kind}, {label} ({condition})" for kind in ("train", "decode")
+        for label in ("2 threads", "auto")
+        for condition in ("quiet", "one busy process", "a 2-thread PyTorch job")}
+    assert [n.split(":")[0] for n in load["notes"][:3]] == [
+        "quiet", "one busy process", "a 2-thread PyTorch job"]
+    assert all("auto chose" in n for n in load["notes"][:3])
+    endtoend = on_disk["sections"]["endtoend"]
+    assert [r["note"] for r in endtoend["rows"]] == ["4 steps", "4 steps"]
+    for row in endtoend["rows"]:  # 4 tiny steps: most of the wall time is start-up
+        figures = row["figures"]
+        assert figures["startup_s"] < figures["wall_s"] == row["median_s"]
+        assert figures["to_target_s"] < figures["wall_s"] and figures["val_loss"] < 100
     tables = [p.splitlines()[0] for p in printed if p.startswith("==")]
     assert tables == [f"== {name} ==" for name in SECTIONS]
     assert printed[-1].startswith(f"report: {tmp_path / 'report.json'}")
@@ -152,8 +176,9 @@ def test_bench_yaml_builds_the_same_config_as_the_code_defaults():
         cfg = compose("bench", overrides=["out=null"])
     built = bench_config(OmegaConf.to_container(cfg, resolve=True))
     defaults = BenchConfig()
+    # bench's own keys; the shared groups have their tests
     for key in ("section", "threads", "repeats", "warmup", "seed", "attention", "train",
-                "generate", "inspect"):  # bench's own keys; the shared groups have their tests
+                "generate", "inspect", "load", "endtoend"):
         assert getattr(built, key) == getattr(defaults, key), key
     assert built.model.vocab_size == built.tokenizer.vocab_size
 

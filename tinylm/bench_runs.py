@@ -1,0 +1,218 @@
+"""The benchmark sections that run whole programs: training beside other load, and the
+shakespeare_char run end to end as a user starts it.
+
+    tinylm-bench section=load        # a busy process beside training: threads=auto vs 2 threads
+    tinylm-bench section=endtoend    # tinylm-train experiment=shakespeare_char, with and without
+                                     # the evaluation extras, in a subprocess
+
+Both return a `Section` like the others in tinylm/bench.py.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, replace
+from datetime import datetime
+from pathlib import Path
+
+import torch
+
+from tinylm.bench import (
+    EndToEndBenchConfig,
+    LoadBenchConfig,
+    Ratio,
+    Row,
+    Section,
+    Timing,
+    training_step,
+)
+from tinylm.model import ModelConfig, TinyLM
+from tinylm.threads import choose_threads
+from tinylm.train import OptimConfig, resolve_precision
+
+# What the other load is: a plain busy loop, and a PyTorch job with 2 intra-op threads.
+COMPETITORS = {
+    "one busy process": "while True: pass",
+    "a 2-thread PyTorch job": (
+        "import torch\ntorch.set_num_threads(2)\na = torch.randn(256, 256)\n"
+        "print('ready', flush=True)\nwhile True:\n    a @ a\n"),
+}
+
+
+# ---------------------------------------------------------------------------------- load
+
+
+@contextlib.contextmanager
+def competitor(code: str) -> Iterator[subprocess.Popen]:
+    """Run `code` in another Python process until the block ends (waits for a 'ready' line
+    if the code prints one)."""
+    env = {**os.environ, "OMP_NUM_THREADS": "2"}  # the other job's own choice, not auto's
+    process = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE,
+                               stderr=subprocess.DEVNULL, text=True, env=env)
+    try:
+        if "ready" in code:
+            process.stdout.readline()
+        yield process
+    finally:
+        process.kill()
+        process.wait()
+
+
+def bench_load(model_cfg: ModelConfig, optim: OptimConfig, cfg: LoadBenchConfig,
+               timing: Timing) -> Section:
+    """Default training steps and batch-1 decoding, quiet and beside each competitor, with
+    threads=auto against a fixed count; tokens/s under load as a share of quiet tokens/s."""
+    from tinylm.generate import generate
+
+    B, T = cfg.batch_size, model_cfg.block_size
+    model = TinyLM(model_cfg)
+    precision = "bf16" if resolve_precision("auto", torch.device("cpu")) == torch.bfloat16 \
+        else "fp32"
+    x = torch.randint(0, model_cfg.vocab_size, (B, T))
+    step = training_step(model, optim, x, x.roll(-1, 1), precision)
+    prompt = torch.randint(0, model_cfg.vocab_size, (1, 8))
+    decoder = TinyLM(replace(model_cfg, dropout=0.0)).eval()
+
+    def with_threads(n: int, fn: Callable[[], object]) -> Callable[[], None]:
+        def call():
+            torch.set_num_threads(n)
+            fn()
+        return call
+
+    def train_calls():
+        for _ in range(cfg.steps_per_call):
+            step()
+
+    def decode_call():
+        generate(decoder, prompt, cfg.decode_tokens, temperature=0.0)
+
+    rows, notes, ratios = [], [], []
+    quiet: dict[str, float] = {}
+    for condition in ("quiet", *COMPETITORS):
+        with contextlib.ExitStack() as stack:
+            if condition != "quiet":
+                stack.enter_context(competitor(COMPETITORS[condition]))
+            time.sleep(cfg.settle_s)
+            auto = choose_threads("auto")
+            notes.append(f"{condition}: auto chose {auto.describe()}")
+            candidates = {}
+            for label, n in ((f"{cfg.fixed_threads} threads", cfg.fixed_threads),
+                             ("auto", auto.threads)):
+                candidates[f"train, {label}"] = with_threads(n, train_calls)
+                if cfg.decode_tokens:
+                    candidates[f"decode, {label}"] = with_threads(n, decode_call)
+            measured = timing.run(candidates)
+        for name, row in measured.items():
+            kind, label = name.split(", ")
+            tokens = B * T * cfg.steps_per_call if kind == "train" else cfg.decode_tokens
+            row.figures["tokens_per_s"] = tokens / row.median_s
+            row.name = f"{name} ({condition})"
+            rows.append(row)
+            if condition == "quiet":
+                quiet[name] = row.figures["tokens_per_s"]
+                continue
+            # the share of the quiet machine's speed, both against the quiet default (auto)
+            kept = row.figures["tokens_per_s"] / quiet[f"{kind}, auto"]
+            target = None
+            if kind == "train" and label == "auto":
+                target = 0.70 if condition == "one busy process" else 0.50
+            ratios.append(Ratio(f"{name} beside {condition} / quiet auto, tokens/s", kept,
+                                target))
+    notes += [f"train: the default run's step (B={B}, T={T}, n_layer={model_cfg.n_layer}, "
+              f"n_embd={model_cfg.n_embd}, dropout={model_cfg.dropout}, {precision}, "
+              f"optim={optim.name}), {cfg.steps_per_call} steps per call; decode: greedy "
+              f"batch 1, {cfg.decode_tokens} tokens with the KV cache",
+              "competitors: " + "; ".join(f"{name}: python -c {code!r}"
+                                          for name, code in COMPETITORS.items())]
+    return Section("load", rows, ratios, notes)
+
+
+# ------------------------------------------------------------------------------ end to end
+
+
+@dataclass
+class TrainRun:
+    """What one tinylm-train subprocess took and reached."""
+
+    wall_s: float
+    startup_s: float  # command -> the start-up line, logged just before step 1
+    step_s: float  # median seconds per training step (from the tokens/s it logged)
+    steps: int
+    val_loss: float
+    to_target_s: float | None  # command -> the first evaluation at or below the target
+
+
+def _log_time(line: str) -> float:
+    """The epoch seconds of a Hydra log line `[2025-01-01 12:00:00,123][...`."""
+    stamp = re.match(r"\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3})\]", line).group(1)
+    return datetime.strptime(stamp, "%Y-%m-%d %H:%M:%S,%f").timestamp()
+
+
+def run_training(args: list[str], run_dir: Path, target_val: float) -> TrainRun:
+    """`tinylm-train args hydra.run.dir=run_dir` as a subprocess, timed from the command."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    start = time.time()
+    done = subprocess.run([sys.executable, "-m", "tinylm.cli.train", *args,
+                           f"hydra.run.dir={run_dir}"], capture_output=True, text=True)
+    wall = time.time() - start
+    if done.returncode != 0:
+        raise RuntimeError(f"tinylm-train {' '.join(args)} failed: "
+                           f"{(done.stderr.strip().splitlines() or ['?'])[-1]}")
+    log_lines = (run_dir / "train.log").read_text(encoding="utf-8").splitlines()
+    ready = next(_log_time(line) for line in log_lines if "] - Model: " in line)
+    tokens_per_step = int(re.search(r"([\d,]+) tokens per step", "\n".join(log_lines))
+                          .group(1).replace(",", ""))
+    events = EventAccumulator(str(run_dir / "tensorboard"), size_guidance={"scalars": 0})
+    events.Reload()
+    speeds = sorted(e.value for e in events.Scalars("train/tokens_per_sec"))
+    val = events.Scalars("val/loss")
+    reached = next((e.wall_time for e in val if e.value <= target_val), None)
+    return TrainRun(wall, ready - start, tokens_per_step / speeds[len(speeds) // 2],
+                    val[-1].step, val[-1].value, reached - start if reached else None)
+
+
+def bench_endtoend(cfg: EndToEndBenchConfig) -> Section:
+    """The experiment as a user runs it, with the evaluation extras (sample, figures) and
+    without; wall time, start-up, time per step, final val loss, time to the target val."""
+    from tinylm.cli import check_command_line
+    from tinylm.data import prepare_data
+    from tinylm.train import RunConfig
+
+    base = [*([f"experiment={cfg.experiment}"] if cfg.experiment else []), *cfg.overrides]
+    variants = {"with the evaluation extras": base,
+                "without (no sample, no figures)": [*base, "train.probe_prompt=''",
+                                                     "train.sample_tokens=0"]}
+    # the data as a user has it after the first run: prepared once, outside the timings
+    composed = check_command_line(base, "config")
+    run_cfg = RunConfig.from_config({k: v for k, v in composed.items() if k != "hydra"}, ".")
+    prepare_data(run_cfg.data, run_cfg.tokenizer, log=lambda _: None)
+    rows, runs = [], {}
+    with tempfile.TemporaryDirectory() as work:
+        for name, args in variants.items():
+            run = runs[name] = run_training(args, Path(work) / str(len(runs)), cfg.target_val)
+            rows.append(Row(name, run.wall_s, [run.wall_s], {
+                "wall_s": run.wall_s, "startup_s": run.startup_s, "step_ms": run.step_s * 1e3,
+                "val_loss": run.val_loss, **({"to_target_s": run.to_target_s}
+                                             if run.to_target_s is not None else {})},
+                f"{run.steps} steps"))
+    extras, plain = (runs[name] for name in variants)
+    ratios = [Ratio("wall time with the extras / without", extras.wall_s / plain.wall_s)]
+    if cfg.reference_s and extras.to_target_s is not None:
+        ratios.append(Ratio(f"time to val <= {cfg.target_val} with the extras / the reference "
+                            f"{cfg.reference_s:g} s", extras.to_target_s / cfg.reference_s,
+                            0.6, at_most=True))
+    notes = [f"each: python -m tinylm.cli.train {' '.join(base)} [...] in a subprocess, timed "
+             "from the command to its exit; start-up: to the start-up line, logged just before "
+             "step 1; per step: the median of the logged tokens/s; to val: the first evaluation "
+             f"at or below {cfg.target_val} (evaluations every train.eval_interval steps)"]
+    if cfg.reference_s:
+        notes.append(f"reference: {cfg.reference_s:g} s, {cfg.reference} (not rerun here)")
+    return Section("endtoend", rows, ratios, notes)
