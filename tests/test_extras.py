@@ -1,5 +1,6 @@
 """The evaluation extras' helper: summaries drawn elsewhere, written in order, waited for."""
 
+import os
 import threading
 
 import numpy as np
@@ -48,6 +49,10 @@ def test_the_helper_process_writes_what_add_image_writes(tmp_path):
             e.encoded_image_string for e in inline[tag]]
 
 
+def _helper_that_dies():
+    os._exit(1)
+
+
 def slow_summary(release: threading.Event, step):
     release.wait(10)
     return [image_summary("slow", np.zeros((2, 2, 3), dtype=np.uint8))]
@@ -75,3 +80,16 @@ def test_an_extra_that_fails_raises_in_the_training_process(tmp_path):
     with pytest.raises(ValueError, match="weights must be"), SummaryWriter(tmp_path) as writer:
         extras.submit(1, attention_grid_summaries, weights(0)[:, :, :3, :3], TOKENS)
         extras.write_finished(writer)
+
+
+def test_figures_are_still_drawn_when_the_helper_process_cannot_run(tmp_path, monkeypatch, caplog):
+    # what a script that calls train() without `if __name__ == "__main__":` meets
+    monkeypatch.setattr("tinylm.extras._start_helper", _helper_that_dies)
+    extras = Extras("process")
+    with SummaryWriter(tmp_path) as writer:
+        extras.submit(5, attention_grid_summaries, weights(0), TOKENS)
+        extras.submit(6, attention_grid_summaries, weights(1), TOKENS)
+        extras.close(writer, wait=True)
+    assert [e.step for e in images(tmp_path)["attention/layer_01"]] == [5, 6]
+    assert sum("drawing them in the training process" in r.message
+               for r in caplog.records) == 1

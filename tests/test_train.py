@@ -20,6 +20,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 
 import tinylm.checkpoint
 import tinylm.model
+import tinylm.threads
 from tinylm.checkpoint import load_checkpoint, resolve_checkpoint_dir
 from tinylm.cli import check_command_line
 from tinylm.cli.train import build_run_config
@@ -41,7 +42,9 @@ TINY = ["data=text", "tokenizer.vocab_size=300", "model.n_layer=2", "model.n_hea
         "model.n_embd=32", "model.block_size=32", "train.batch_size=8", "train.max_steps=30",
         "train.eval_interval=10", "train.eval_batches=2", "train.checkpoint_interval=10",
         "train.log_interval=1", "train.sample_tokens=0", "train.probe_prompt=''",
-        "train.device=cpu", "train.precision=fp32", "optim.lr=1e-2", "optim.warmup_steps=5"]
+        "train.device=cpu", "train.precision=fp32", "optim.lr=1e-2", "optim.warmup_steps=5",
+        # one fixed thread count: results are bit for bit the same only with the same count
+        "train.threads=1"]
 PEOPLE = [("Lily", "she"), ("Tom", "he"), ("Mia", "she"), ("Ben", "he"), ("Sue", "she")]
 THINGS = ["ball", "cat", "kite", "cake", "red box", "little dog"]
 
@@ -118,6 +121,11 @@ def test_shakespeare_char_experiment_has_nanogpts_cpu_settings():
     assert (t.batch_size, t.max_steps, t.eval_interval, t.eval_batches) == (12, 2000, 250, 20)
     assert (o.lr, o.min_lr, o.lr_decay_steps, o.warmup_steps, o.beta2, o.weight_decay,
             o.grad_clip) == (1e-3, 1e-4, 2000, 100, 0.99, 0.1, 1.0)
+    assert o.name == "muon"  # the one difference on purpose: it needs fewer steps
+    with initialize_config_dir(config_dir=str(config_dir()), version_base="1.3"):
+        adamw = RunConfig.from_config(compose("config", ["experiment=shakespeare_char",
+                                                         "optim=adamw"]), "x").optim
+    assert (adamw.name, adamw.lr, adamw.beta1) == ("adamw", 1e-3, 0.8)
 
 
 def test_lr_warms_up_linearly_then_follows_a_cosine_to_min_lr():
@@ -179,6 +187,7 @@ def test_tensorboard_holds_the_promised_scalars_text_images_and_hparams(full_run
     assert {"train/loss", "train/lr", "train/grad_norm", "train/tokens_per_sec", "train/mfu",
             "val/loss", "val/perplexity"} <= set(tags["scalars"])
     assert {"attention/layer_00", "attention/layer_01"} <= set(tags["images"])
+    # drawn by the helper process; the last evaluation's figures too: train() waited for them
     assert [e.step for e in events.Images("attention/layer_01")] == [10, 20, 30]
     assert "samples/text/text_summary" in tags["tensors"]
     sample = events.Tensors("samples/text/text_summary")[-1].tensor_proto.string_val[0].decode()
@@ -219,6 +228,23 @@ def test_resume_after_sigint_matches_the_uninterrupted_run_bit_for_bit(
         resumed, uninterrupted = weights(run_dir, tag), weights(full_dir, tag)
         assert resumed.keys() == uninterrupted.keys()
         assert all(torch.equal(resumed[k], uninterrupted[k]) for k in resumed)
+
+
+def test_threads_auto_is_chosen_at_start_and_said_in_the_start_up_line(
+        corpus, tmp_path, monkeypatch, caplog):
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1, 2}, raising=False)
+    monkeypatch.setattr(tinylm.threads, "busy_cpus", lambda cpus, since=None: (1.0, "test"))
+    before = torch.get_num_threads()
+    try:
+        with caplog.at_level("INFO", logger="tinylm.train"):
+            train(run_config(corpus, tmp_path / "run", "train.threads=auto",
+                             "train.max_steps=2"))
+        assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(before)
+    start_up = next(r.message for r in caplog.records if r.message.startswith("Model:"))
+    assert "fp32 on cpu, 2 threads (auto: 3 usable cores, 1.0 busy with other work (test))" \
+        in start_up
 
 
 def test_resume_from_a_checkpoint_path_continues_into_a_new_run_dir(corpus, full_run, tmp_path):
@@ -284,6 +310,8 @@ def test_nan_loss_stops_the_run_and_keeps_the_last_good_checkpoint(
     ("train.batch_size=0", "train.batch_size=0 is not allowed: must be an integer >= 1"),
     ("optim.lr=-0.001", "optim.lr=-0.001 is not allowed: must be a number >= 0"),
     ("train.precision=fp8", "train.precision='fp8' is not allowed: allowed: auto, fp32, bf16"),
+    ("train.threads=0", "train.threads=0 is not allowed: must be auto or an integer >= 1"),
+    ("optim.name=sgd", "optim.name='sgd' is not allowed: allowed: adamw, muon"),
 ])
 def test_bad_command_lines_are_refused_in_one_line_naming_key_and_value(override, message):
     with pytest.raises(ConfigError) as refused:

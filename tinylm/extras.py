@@ -13,21 +13,26 @@ An extra is a module-level function (the helper imports it by name) that takes p
 the step and returns serialized TensorBoard `Summary` protos; adding one is one `submit` call.
 A process rather than a thread: matplotlib holds the GIL while it draws, and every torch call of
 the training loop needs the GIL back, so a drawing thread slowed the steps nearly as much as
-drawing inline (docs/benchmarks.md). The helper imports no torch and runs at a lower priority,
-so that it takes the cycles the training threads leave idle.
+drawing inline (docs/benchmarks.md). The helper imports no torch and runs at a lower priority.
+It still takes a core while it draws, and torch's threads all wait for the slowest of them, so
+the trainer gives torch one thread fewer while the helper is busy (Trainer.run).
 """
 
 from __future__ import annotations
 
 import contextlib
 import io
+import logging
 import multiprocessing
 import os
 import time
 from collections.abc import Callable
 from concurrent.futures import Executor, Future, ProcessPoolExecutor, ThreadPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 
 import numpy as np
+
+log = logging.getLogger(__name__)
 
 # how much lower the helper's scheduling priority is (Unix nice; 19 is the lowest)
 HELPER_NICENESS = 10
@@ -48,7 +53,9 @@ class Extras:
         if helper not in ("process", "thread"):
             raise ValueError(f"helper={helper!r}: allowed process, thread")
         self.helper = helper
-        self._pending: list[tuple[int, float, Future]] = []
+        # (step, wall time, result, extra, args): the extra and its args to draw it here if
+        # the helper process dies
+        self._pending: list[tuple[int, float, Future, Callable, tuple]] = []
         self._executor: Executor | None = None  # started by the first submit
 
     def submit(self, step: int, extra: Callable[..., list[bytes]], *args) -> None:
@@ -62,11 +69,18 @@ class Extras:
             else:
                 self._executor = ThreadPoolExecutor(1, thread_name_prefix="tinylm-extras")
         walltime = time.time()  # TensorBoard shows when the evaluation happened
-        self._pending.append((step, walltime, self._executor.submit(extra, *args, step)))
+        done = self._executor.submit(extra, *args, step)
+        self._pending.append((step, walltime, done, extra, args))
 
     @property
     def pending(self) -> int:
+        """Extras submitted and not yet written."""
         return len(self._pending)
+
+    @property
+    def busy(self) -> bool:
+        """Whether the helper is drawing (or has work queued) right now."""
+        return any(not job[2].done() for job in self._pending)
 
     def write_finished(self, writer) -> None:
         """Write the summaries of the extras finished so far, oldest first; an extra that
@@ -79,23 +93,35 @@ class Extras:
         extras were dropped."""
         dropped = 0
         if wait:
-            for step, walltime, done in self._pending:
-                self._write(writer, step, walltime, done)
+            for job in self._pending:
+                self._write(writer, *job)
         else:
-            dropped = sum(not done.done() for _, _, done in self._pending)
-            for step, walltime, done in self._pending:
-                if done.done() and done.exception() is None:
-                    self._write(writer, step, walltime, done)
+            dropped = sum(not job[2].done() for job in self._pending)
+            for job in self._pending:
+                if job[2].done() and job[2].exception() is None:
+                    self._write(writer, *job)
         self._pending.clear()
         if self._executor is not None:
             self._executor.shutdown(wait=wait, cancel_futures=True)
         return dropped
 
-    @staticmethod
-    def _write(writer, step: int, walltime: float, done: Future) -> None:
+    def _write(self, writer, step: int, walltime: float, done: Future, extra: Callable,
+               args: tuple) -> None:
         from tensorboard.compat.proto.summary_pb2 import Summary
 
-        for serialized in done.result():
+        try:
+            summaries = done.result()
+        except BrokenProcessPool:
+            # e.g. a script that calls train() without `if __name__ == "__main__":`, which the
+            # helper (spawned) imports again: draw here, as before there was a helper
+            if isinstance(self._executor, ProcessPoolExecutor):
+                log.warning("the process drawing the evaluation figures stopped (a script "
+                            "that calls train() needs `if __name__ == '__main__':`); drawing "
+                            "them in the training process instead")
+                self._executor.shutdown(wait=False, cancel_futures=True)
+                self._executor = ThreadPoolExecutor(1, thread_name_prefix="tinylm-extras")
+            summaries = extra(*args, step)
+        for serialized in summaries:
             writer.file_writer.add_summary(Summary.FromString(serialized), step, walltime)
 
 

@@ -136,5 +136,14 @@ def apply_threads(setting: int | str, since: CpuSample | None = None) -> ThreadC
 
 
 def start_sample() -> CpuSample | None:
-    """A sample to hand to choose_threads later, so that start-up work doubles as the wait."""
+    """A sample to hand to choose_threads later, so that start-up work doubles as the wait:
+    the one taken when this module was first imported (a command's start, before torch is
+    imported) if that was recent, else a new one."""
+    if _IMPORTED is not None and time.monotonic() - _IMPORTED.wall < RECENT_SECONDS:
+        return _IMPORTED
     return sample_cpus(usable_cpus())
+
+
+# the commands import this module before torch: from here to choose_threads is >1 s to watch
+RECENT_SECONDS = 30.0
+_IMPORTED = sample_cpus(usable_cpus())

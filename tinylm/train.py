@@ -652,6 +652,17 @@ class Trainer:
         w.add_scalar("train/mfu", self.model.flops_per_token() * tokens_per_s / self.peak_flops,
                      step)
 
+    def _leave_a_core_to_the_extras(self) -> None:
+        """threads=auto: one torch thread fewer while the helper draws. torch's threads wait
+        for the slowest of them at every operation, and one that shares its core with the
+        helper is slow: an evaluation's figures then cost 2.7 s of training time instead of
+        1.0 (docs/benchmarks.md). A number in train.threads is kept as it is."""
+        threads = self.threads.threads
+        if self.t.threads == "auto" and self.extras is not None and self.extras.busy:
+            threads = max(1, threads - 1)
+        if threads != torch.get_num_threads():
+            torch.set_num_threads(threads)
+
     def close_logs(self, wait: bool = True) -> None:
         """Write the figures still being drawn, then close the TensorBoard files; with
         wait=False, or on Ctrl-C while waiting, drop those figures and say so."""
@@ -684,6 +695,7 @@ class Trainer:
         try:
             with stop, logging_redirect_tqdm(), bar:
                 while self.step < t.max_steps:
+                    self._leave_a_core_to_the_extras()
                     train_loss, grad_norm, lr, stopping = self.train_step(stop)
                     losses.append(train_loss)
                     window_steps += 1

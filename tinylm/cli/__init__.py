@@ -13,6 +13,8 @@ from typing import TypeVar
 
 from omegaconf import DictConfig
 
+import tinylm.threads  # noqa: F401  (threads=auto watches the cores' load from here on)
+
 T = TypeVar("T")
 
 
