@@ -243,7 +243,7 @@ def test_threads_auto_is_chosen_at_start_and_said_in_the_start_up_line(
     finally:
         torch.set_num_threads(before)
     start_up = next(r.message for r in caplog.records if r.message.startswith("Model:"))
-    assert "fp32 on cpu, 2 threads (auto: 3 usable cores, 1.0 busy with other work (test))" \
+    assert "float32 on cpu, 2 threads (auto: 3 usable cores, 1.0 busy with other work (test))" \
         in start_up
 
 

@@ -182,20 +182,15 @@ def run_training(args: list[str], run_dir: Path, target_val: float) -> TrainRun:
 def bench_endtoend(cfg: EndToEndBenchConfig) -> Section:
     """The experiment as a user runs it, with the evaluation extras (sample, figures) and
     without; wall time, start-up, time per step, final val loss, time to the target val."""
-    from tinylm.cli import check_command_line
-    from tinylm.data import prepare_data
-    from tinylm.train import RunConfig
-
     base = [*([f"experiment={cfg.experiment}"] if cfg.experiment else []), *cfg.overrides]
     variants = {"with the evaluation extras": base,
                 "without (no sample, no figures)": [*base, "train.probe_prompt=''",
                                                      "train.sample_tokens=0"]}
-    # the data as a user has it after the first run: prepared once, outside the timings
-    composed = check_command_line(base, "config")
-    run_cfg = RunConfig.from_config({k: v for k, v in composed.items() if k != "hydra"}, ".")
-    prepare_data(run_cfg.data, run_cfg.tokenizer, log=lambda _: None)
     rows, runs = [], {}
     with tempfile.TemporaryDirectory() as work:
+        # untimed, one step: the data prepared and the files read once, as after a first run
+        run_training([*variants["without (no sample, no figures)"], "train.max_steps=1",
+                      "train.eval_batches=1"], Path(work) / "warm-up", cfg.target_val)
         for name, args in variants.items():
             run = runs[name] = run_training(args, Path(work) / str(len(runs)), cfg.target_val)
             rows.append(Row(name, run.wall_s, [run.wall_s], {
