@@ -235,13 +235,9 @@ def test_threads_auto_is_chosen_at_start_and_said_in_the_start_up_line(
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1, 2}, raising=False)
     monkeypatch.setattr(tinylm.threads, "busy_cpus", lambda cpus, since=None: (1.0, "test"))
     before = torch.get_num_threads()
-    try:
-        with caplog.at_level("INFO", logger="tinylm.train"):
-            train(run_config(corpus, tmp_path / "run", "train.threads=auto",
-                             "train.max_steps=2"))
-        assert torch.get_num_threads() == 2
-    finally:
-        torch.set_num_threads(before)
+    with caplog.at_level("INFO", logger="tinylm.train"):
+        train(run_config(corpus, tmp_path / "run", "train.threads=auto", "train.max_steps=2"))
+    assert torch.get_num_threads() == before  # set back afterwards
     start_up = next(r.message for r in caplog.records if r.message.startswith("Model:"))
     assert "float32 on cpu, 2 threads (auto: 3 usable cores, 1.0 busy with other work (test))" \
         in start_up

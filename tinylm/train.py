@@ -757,5 +757,10 @@ def train(cfg: RunConfig) -> dict:
 
     Raises ConfigError for bad input (before any work), TrainingInterrupted after Ctrl-C or
     SIGTERM (a checkpoint saved first), TrainingDiverged when the loss stops being finite.
+    torch's thread count (train.threads) is set back to what it was when it returns.
     """
-    return Trainer(cfg).run()
+    threads = torch.get_num_threads()
+    try:
+        return Trainer(cfg).run()
+    finally:
+        torch.set_num_threads(threads)
