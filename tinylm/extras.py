@@ -12,7 +12,7 @@ keeps training, and writes each finished summary to TensorBoard between steps:
 An extra is a module-level function (the helper imports it by name) that takes plain data and
 the step and returns serialized TensorBoard `Summary` protos; adding one is one `submit` call.
 A process rather than a thread: matplotlib holds the GIL while it draws, and every torch call of
-the training loop needs the GIL back, so a drawing thread slowed the steps nearly as much as
+the training loop needs the GIL back, so a drawing thread slowed the steps as much as
 drawing inline (docs/benchmarks.md). The helper imports no torch and runs at a lower priority.
 It still takes a core while it draws, and torch's threads all wait for the slowest of them, so
 the trainer gives torch one thread fewer while the helper is busy (Trainer.run).
