@@ -12,7 +12,9 @@ module turns those readings into the report:
   at the deciding position matches the sign of the model's own preference log P(pronoun as
   written) - log P(wrong pronoun), and the correlation of the two;
 - with ablation: the evidence table, each head's deciding attention to the name beside the margin
-  it costs when zeroed.
+  it costs when zeroed;
+
+and formats that part of the console report (`format_deciding`).
 """
 
 from __future__ import annotations
@@ -70,23 +72,92 @@ def prediction_match(attention_difference: np.ndarray, preference: np.ndarray
     return match, correlation
 
 
-# A margin loss smaller than this (nats) is noise, not a head the model needs.
-MIN_MARGIN_LOSS = 0.1
+# A head looks at the name when it gives it at least this many times the median head's attention;
+# a margin loss smaller than MIN_MARGIN_LOSS nats is noise, not a head the model needs.
+OVER_MEDIAN, MIN_MARGIN_LOSS = 2.0, 0.1
 
 
 def evidence(attention: list[dict], ablation: list[dict]) -> list[dict]:
     """Per head: deciding attention to the name beside the margin change when it is zeroed.
 
-    A head `agrees` when both readings single it out: it is among the top quarter of heads (at
-    least one) by attention to the name and by margin loss, and zeroing it costs at least
-    MIN_MARGIN_LOSS nats of mean margin.
+    A head `agrees` when both readings single it out: its attention to the name is at least
+    OVER_MEDIAN times the median head's, and zeroing it costs at least MIN_MARGIN_LOSS nats of mean
+    margin.
     """
     delta = {(e["layer"], e["head"]): e["delta_mean_margin"] for e in ablation}
-    rows = [{"layer": a["layer"], "head": a["head"], "mean_attention": a["mean_attention"],
-             "delta_mean_margin": delta[a["layer"], a["head"]]} for a in attention]
-    quarter = max(1, len(rows) // 4)
-    by_attention = sorted(rows, key=lambda r: -r["mean_attention"])[:quarter]
-    by_loss = sorted(rows, key=lambda r: r["delta_mean_margin"])[:quarter]
-    top = {(r["layer"], r["head"]) for r in by_attention} & {
-        (r["layer"], r["head"]) for r in by_loss if r["delta_mean_margin"] <= -MIN_MARGIN_LOSS}
-    return [{**r, "agrees": (r["layer"], r["head"]) in top} for r in rows]
+    typical = float(np.median([a["mean_attention"] for a in attention]))
+    rows = []
+    for a in attention:
+        d = delta[a["layer"], a["head"]]
+        rows.append({"layer": a["layer"], "head": a["head"], "mean_attention": a["mean_attention"],
+                     "delta_mean_margin": d,
+                     "agrees": a["mean_attention"] >= OVER_MEDIAN * typical
+                     and d <= -MIN_MARGIN_LOSS})
+    return rows
+
+
+# ------------------------------------------------------------------------------------ console
+
+def layer_head_lines(cells: dict[tuple[int, int], str], n_layer: int, n_head: int,
+                     mark: tuple[int, int] | None = None) -> list[str]:
+    """A layer x head table of preformatted cells; `mark` gets a * after its cell."""
+    width = max(8, *(len(c) + 1 for c in cells.values()))
+    lines = [("         " + "".join(f"  {f'head {h}':<{width}}" for h in range(n_head))).rstrip()]
+    for layer in range(n_layer):
+        row = "".join(f"  {cells[layer, h] + ('*' if (layer, h) == mark else ''):<{width}}"
+                      for h in range(n_head))
+        lines.append(f"layer {layer:<3d}{row}".rstrip())
+    return lines
+
+
+def _number(value: float | None, fmt: str) -> str:
+    return "n/a" if value is None else format(value, fmt)
+
+
+def format_deciding(report: dict, n_layer: int, n_head: int, top_heads: int = 5) -> list[str]:
+    """Console lines of the deciding position: the evidence table (with ablation), attention to
+    the name per head (all items / name first word / name later), the prediction match."""
+    d, lines = report["deciding"], []
+    if report["evidence"]:
+        rows = report["evidence"]
+        most_attention = sorted(rows, key=lambda r: -r["mean_attention"])[:top_heads]
+        most_loss = sorted(rows, key=lambda r: r["delta_mean_margin"])[:top_heads]
+        shown = [r for r in rows if r in most_attention or r in most_loss]
+        shown.sort(key=lambda r: -r["mean_attention"])
+        lines += [f"evidence: each head's attention from the token before the pronoun to the "
+                  f"name, beside the margin it costs when {report['ablation'][0]['method']} "
+                  f"({d['n_agreement']} agreement items);",
+                  f"the {top_heads} heads with most attention and the {top_heads} with the "
+                  f"largest loss; agrees = attention at least {OVER_MEDIAN:g}x the median head's "
+                  f"and a loss of at least {MIN_MARGIN_LOSS:g} nats",
+                  "  layer  head   attention to name   Δ mean margin   agrees"]
+        lines += [f"  {r['layer']:>5d}  {r['head']:>4d}   {r['mean_attention']:17.2f}   "
+                  f"{r['delta_mean_margin']:+13.3f}   {'yes' if r['agrees'] else 'no'}"
+                  for r in shown]
+    if d["agreement_attention"]:
+        best = report["best_deciding"]
+        by_head = {(e["layer"], e["head"]): e for e in d["agreement_attention"]}
+        n_first = d["n_name_first_word"]
+        lines += [f"deciding: attention from the token before the pronoun (where the model "
+                  f"chooses it) to the name, {d['n_agreement']} agreement items;",
+                  f"all items (name first word: {n_first} items / name later: "
+                  f"{d['n_agreement'] - n_first} items), * = most"]
+        lines += layer_head_lines(
+            {k: f"{e['mean_attention']:.2f} ({_number(e['mean_attention_name_first_word'], '.2f')}"
+                f"/{_number(e['mean_attention_name_later'], '.2f')})" for k, e in by_head.items()},
+            n_layer, n_head, (best["layer"], best["head"]))
+        lines.append(f"best deciding head: layer {best['layer']} head {best['head']}, attention "
+                     f"to the name {best['mean_attention']:.2f}")
+    if d["prediction_match"]:
+        lines += [f"prediction match: {d['n_attention']} two-character items; share on which the "
+                  "head's attention at the deciding position prefers the character",
+                  "whose pronoun the model prefers (sign of attention to antecedent - "
+                  "distractor vs log P(written) - log P(wrong)), with Pearson's r"]
+        lines += layer_head_lines(
+            {(e["layer"], e["head"]): f"{e['match']:.2f} r={_number(e['correlation'], '+.2f')}"
+             for e in d["prediction_match"]}, n_layer, n_head)
+    if d["n_attention_left_out"]:
+        lines.append(f"prediction match: {d['n_attention_left_out']} two-character items left "
+                     "out: no wrong pronoun (\"her\" is object or possessive, so it has no "
+                     "derived one; give wrong_pronoun to score them)")
+    return lines

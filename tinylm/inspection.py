@@ -127,13 +127,9 @@ def word_level(weights: np.ndarray | torch.Tensor, token_words: Sequence[int],
     Column j sums the weights on word j's tokens; row i averages the rows of word i's tokens.
     Tokens outside every word (token_words == -1) are left out.
     """
-    to_words = key_words(weights, token_words, n_words)  # (..., T, W)
-    counts = np.zeros((n_words, len(token_words)))  # (W, T): which tokens make up each word
-    for token, word in enumerate(token_words):
-        if word >= 0:
-            counts[word, token] = 1.0
-    mean_rows = counts / np.maximum(counts.sum(axis=1, keepdims=True), 1.0)
-    return mean_rows @ to_words  # (..., W, W): average a word's query rows
+    to_word = key_words(np.eye(len(token_words)), token_words, n_words)  # (T, W): one-hot
+    mean_rows = (to_word / np.maximum(to_word.sum(axis=0), 1.0)).T  # (W, T): average a word's rows
+    return mean_rows @ key_words(weights, token_words, n_words)  # (..., W, W)
 
 
 def deciding_token(token_words: Sequence[int], word: int) -> int | None:

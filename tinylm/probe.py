@@ -549,83 +549,18 @@ def _grid(report: dict, key: str, n_layer: int, n_head: int, entries: list[dict]
     return grid
 
 
-def _layer_head_lines(cells: dict[tuple[int, int], str], n_layer: int, n_head: int,
-                      mark: tuple[int, int] | None = None) -> list[str]:
-    """A layer x head table of preformatted cells; `mark` gets a * after its cell."""
-    width = max(8, *(len(c) + 1 for c in cells.values()))
-    lines = ["         " + "".join(f"  {f'head {h}':<{width}}" for h in range(n_head))]
-    for layer in range(n_layer):
-        row = "".join(f"  {cells[layer, h] + ('*' if (layer, h) == mark else ''):<{width}}"
-                      for h in range(n_head))
-        lines.append(f"layer {layer:<3d}{row}".rstrip())
-    return lines
-
-
-def _number(value: float | None, fmt: str) -> str:
-    return "n/a" if value is None else format(value, fmt)
-
-
-def format_deciding(report: dict, n_layer: int, n_head: int, top_heads: int = 5) -> list[str]:
-    """Console lines of the deciding position: the evidence table (with ablation), attention to
-    the name per head (all items / name first word / name later), the prediction match."""
-    d, lines = report["deciding"], []
-    if report["evidence"]:
-        rows = report["evidence"]
-        top = {(r["layer"], r["head"]) for key, sign in (("mean_attention", -1),
-                                                         ("delta_mean_margin", 1))
-               for r in sorted(rows, key=lambda r, key=key, sign=sign: sign * r[key])[:top_heads]}
-        shown = sorted((r for r in rows if (r["layer"], r["head"]) in top),
-                       key=lambda r: -r["mean_attention"])
-        lines += [f"evidence: each head's attention from the token before the pronoun to the "
-                  f"name, beside the margin it costs when {ABLATION} ({d['n_agreement']} "
-                  "agreement items);",
-                  f"the {top_heads} heads with most attention and the {top_heads} with the "
-                  "largest loss; agrees = top quarter of heads on both, a loss of at least "
-                  f"{deciding.MIN_MARGIN_LOSS} nats",
-                  "  layer  head   attention to name   Δ mean margin   agrees"]
-        lines += [f"  {r['layer']:>5d}  {r['head']:>4d}   {r['mean_attention']:17.2f}   "
-                  f"{r['delta_mean_margin']:+13.3f}   {'yes' if r['agrees'] else 'no'}"
-                  for r in shown]
-    if d["agreement_attention"]:
-        best = report["best_deciding"]
-        by_head = {(e["layer"], e["head"]): e for e in d["agreement_attention"]}
-        n_first = d["n_name_first_word"]
-        lines += [f"deciding: attention from the token before the pronoun (where the model "
-                  f"chooses it) to the name, {d['n_agreement']} agreement items;",
-                  f"all items (name first word: {n_first} items / name later: "
-                  f"{d['n_agreement'] - n_first} items), * = most"]
-        lines += _layer_head_lines(
-            {k: f"{e['mean_attention']:.2f} ({_number(e['mean_attention_name_first_word'], '.2f')}"
-                f"/{_number(e['mean_attention_name_later'], '.2f')})" for k, e in by_head.items()},
-            n_layer, n_head, (best["layer"], best["head"]))
-        lines.append(f"best deciding head: layer {best['layer']} head {best['head']}, attention "
-                     f"to the name {best['mean_attention']:.2f}")
-    if d["prediction_match"]:
-        lines += [f"prediction match: {d['n_attention']} two-character items; share on which the "
-                  "head's attention at the deciding position prefers the character",
-                  "whose pronoun the model prefers (sign of attention to antecedent - "
-                  "distractor vs log P(written) - log P(wrong)), with Pearson's r"]
-        lines += _layer_head_lines(
-            {(e["layer"], e["head"]): f"{e['match']:.2f} r={_number(e['correlation'], '+.2f')}"
-             for e in d["prediction_match"]}, n_layer, n_head)
-    if d["n_attention_left_out"]:
-        lines.append(f"prediction match: {d['n_attention_left_out']} two-character items left "
-                     "out: no wrong pronoun (\"her\" is object or possessive, so it has no "
-                     "derived one; give wrong_pronoun to score them)")
-    return lines
-
-
 def format_report(report: dict, n_layer: int, n_head: int, top_heads: int = 5) -> list[str]:
     """The console summary: the deciding position first (evidence table, attention to the name,
     prediction match), then the resolving head accuracy table, baselines, agreement, ablation."""
-    lines = format_deciding(report, n_layer, n_head, top_heads) if report["deciding"] else []
+    lines = (deciding.format_deciding(report, n_layer, n_head, top_heads)
+             if report["deciding"] else [])
     if report["heads"]:
         grid = _grid(report, "accuracy", n_layer, n_head, report["heads"])
         best = report["best"]
         lines += [f"resolving: {report['n']} two-character items; accuracy = share of items on "
                   "which the head's attention",
                   "from the pronoun goes more to the antecedent than to the distractor (* = best)"]
-        lines += _layer_head_lines({(layer, h): f"{grid[layer, h]:.2f}" for layer in
+        lines += deciding.layer_head_lines({(layer, h): f"{grid[layer, h]:.2f}" for layer in
                                     range(n_layer) for h in range(n_head)},
                                    n_layer, n_head, (best["layer"], best["head"]))
         b = report["baselines"]
