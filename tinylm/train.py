@@ -420,7 +420,7 @@ def _log_deciding_attention(writer, model: TinyLM, name_items: list, step: int) 
     model.eval()
     grid = deciding_name_attention(model, name_items)
     model.train()
-    fig = layer_head_heatmap(grid, f"deciding: token before the pronoun -> name, step {step} "
+    fig = layer_head_heatmap(grid, f"deciding attention to the name, step {step} "
                              f"({len(name_items)} items)", "attention")
     log_figure(writer, "probe/deciding_attention", fig, step)
 
@@ -508,6 +508,7 @@ class Trainer:
                 _write_hparams(self.writer, self.run_config)
             from tinylm.probe import shipped_name_items
 
+            # tokenized once: each evaluation then costs one forward pass and one small image
             self.name_items = shipped_name_items(self.tokenizer, model_cfg.block_size)
             # MFU: the FLOPs the model does per token against what the matmuls could do
             self.peak_flops = matmul_peak_flops(device, self.dtype) * self.world_size
