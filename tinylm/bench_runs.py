@@ -184,12 +184,12 @@ def bench_endtoend(cfg: EndToEndBenchConfig) -> Section:
     without; wall time, start-up, time per step, final val loss, time to the target val."""
     base = [*([f"experiment={cfg.experiment}"] if cfg.experiment else []), *cfg.overrides]
     variants = {"with the evaluation extras": base,
-                "without (no sample, no figures)": [*base, "train.probe_prompt=''",
-                                                     "train.sample_tokens=0"]}
+                "without the sample and the heads' maps": [*base, "train.probe_prompt=''",
+                                                            "train.sample_tokens=0"]}
     rows, runs = [], {}
     with tempfile.TemporaryDirectory() as work:
         # untimed, one step: the data prepared and the files read once, as after a first run
-        run_training([*variants["without (no sample, no figures)"], "train.max_steps=1",
+        run_training([*variants["without the sample and the heads' maps"], "train.max_steps=1",
                       "train.eval_batches=1"], Path(work) / "warm-up", cfg.target_val)
         for name, args in variants.items():
             run = runs[name] = run_training(args, Path(work) / str(len(runs)), cfg.target_val)

@@ -149,3 +149,11 @@ def attention_grid_summaries(weights: np.ndarray, tokens: list[str], step: int) 
     return [image_summary(f"attention/layer_{layer:02d}", figure_to_image(
         attention_grid_figure(w, tokens, f"layer {layer}, step {step}")))
         for layer, w in enumerate(weights)]
+
+
+def layer_head_summaries(tag: str, values: np.ndarray, title: str, label: str,
+                         step: int) -> list[bytes]:
+    """`tag`: a (n_layer, n_head) table of per-head numbers as a heatmap."""
+    from tinylm.plots import figure_to_image, layer_head_heatmap
+
+    return [image_summary(tag, figure_to_image(layer_head_heatmap(values, title, label)))]

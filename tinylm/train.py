@@ -49,7 +49,7 @@ from tinylm.checkpoint import (
 from tinylm.config import ConfigError, to_dataclass
 from tinylm.data import BatchSampler, DataConfig, check_enough_tokens, prepare_data
 from tinylm.device import resolve_device
-from tinylm.extras import Extras, attention_grid_summaries
+from tinylm.extras import Extras, attention_grid_summaries, layer_head_summaries
 from tinylm.model import ModelConfig, TinyLM
 from tinylm.threads import apply_threads, check_threads_setting, start_sample
 from tinylm.tokenizer import TokenizerConfig
@@ -445,6 +445,20 @@ def _log_sample_and_attention(writer, extras: Extras, model: TinyLM, tokenizer,
     model.train()
 
 
+def _log_deciding_attention(extras: Extras, model: TinyLM, name_items: list, step: int) -> None:
+    """TensorBoard: each head's attention from the token before the pronoun to the name on the
+    shipped agreement items, the layer x head grid in which the carrier head appears (computed
+    here, drawn by the extras' helper)."""
+    from tinylm.probe import deciding_name_attention
+
+    model.eval()
+    grid = deciding_name_attention(model, name_items)
+    model.train()
+    extras.submit(step, layer_head_summaries, "probe/deciding_attention", grid,
+                  f"deciding attention to the name, step {step} ({len(name_items)} items)",
+                  "attention")
+
+
 def _write_hparams(writer, cfg: RunConfig) -> None:
     """The run's hyperparameters for TensorBoard's HPARAMS tab (metrics: the val scalars)."""
     import yaml
@@ -519,7 +533,7 @@ class Trainer:
             self.forward = nn.parallel.DistributedDataParallel(
                 self.forward, device_ids=[device.index] if device.type == "cuda" else None)
 
-        self.writer, self.extras = None, None
+        self.writer, self.extras, self.name_items = None, None, []
         if self.is_main:
             self.extras = Extras()  # draws the figures in a helper process
             from torch.utils.tensorboard import SummaryWriter
@@ -529,6 +543,10 @@ class Trainer:
                                         purge_step=self.step + 1 if self.step else None)
             if self.step == 0:
                 _write_hparams(self.writer, self.run_config)
+            from tinylm.probe import shipped_name_items
+
+            # tokenized once: each evaluation then costs one forward pass and one small image
+            self.name_items = shipped_name_items(self.tokenizer, model_cfg.block_size)
             # MFU: the FLOPs the model does per token against what the matmuls could do
             self.peak_flops = matmul_peak_flops(device, self.dtype) * self.world_size
             self.info(f"Model: {self.model.num_params() / 1e6:.2f}M parameters "
@@ -639,6 +657,8 @@ class Trainer:
             self.writer.add_scalar("val/perplexity", perplexity, self.step)
             _log_sample_and_attention(self.writer, self.extras, self.model, self.tokenizer,
                                       self.t, self.step, self.device)
+            if self.name_items:
+                _log_deciding_attention(self.extras, self.model, self.name_items, self.step)
             self.info(f"step {self.step}: val loss {val_loss:.4f}, perplexity {perplexity:.2f}"
                       f"{' (best)' if val_loss < self.best_val else ''}")
         return val_loss
