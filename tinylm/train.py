@@ -393,6 +393,7 @@ def _log_sample_and_attention(writer, model: TinyLM, tokenizer, cfg: TrainConfig
     from tinylm.generate import encode_prompt, generate
     from tinylm.inspection import capture_attention
     from tinylm.plots import attention_grid_figure, log_figure
+    from tinylm.tensorboard_plugin.summary import write_attention
 
     model.eval()
     if cfg.sample_tokens:
@@ -405,6 +406,7 @@ def _log_sample_and_attention(writer, model: TinyLM, tokenizer, cfg: TrainConfig
         writer.add_text("samples/text", "```\n" + text + "\n```", step)
     if cfg.probe_prompt:
         capture = capture_attention(model, tokenizer, cfg.probe_prompt)
+        write_attention(writer, "probe_prompt", capture, step)  # the "tinylm attention" tab
         for layer, weights in enumerate(capture.weights):
             fig = attention_grid_figure(weights, capture.tokens, f"layer {layer}, step {step}")
             log_figure(writer, f"attention/layer_{layer:02d}", fig, step)
