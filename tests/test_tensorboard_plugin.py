@@ -250,8 +250,10 @@ def browser(tmp_path_factory):
     """Headless Debian chromium through chromedriver."""
     from selenium import webdriver
 
+    assert shutil.which("chromium") and shutil.which("chromedriver"), \
+        "the browser test needs Debian's chromium: apt-get install -y chromium chromium-driver"
     options = webdriver.ChromeOptions()
-    options.binary_location = shutil.which("chromium") or "/usr/bin/chromium"
+    options.binary_location = shutil.which("chromium")
     for flag in ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic",
                  "--no-first-run", "--disable-background-networking",
                  "--disable-component-update", "--disable-sync", "--window-size=1400,1000",
@@ -361,6 +363,15 @@ def test_the_tab_shades_where_a_pronoun_looks_and_lists_its_antecedents(
     assert sorted(shaded) == list(range(she + 1))
     np.testing.assert_allclose([shaded[k] for k in range(she + 1)], weights[1, 1, she, :she + 1],
                                atol=2e-4)
+    # click keeps the query; hovering another token then gives its exact weight and rank
+    browser.find_element("css selector", f"#tokens .token[data-i='{she}']").click()
+    hover(browser, 0)
+    row = weights[1, 1, she, :she + 1].astype(np.float32)
+    rank = 1 + int((row > row[0]).sum())
+    assert browser.find_element("id", "status").text.endswith(
+        f"(token 0): weight {row[0]:.4f}, rank {rank} of {she + 1} tokens")
+    browser.find_element("css selector", f"#tokens .token[data-i='{she}']").click()  # let go
+
     browser.find_element("id", "reverse").click()
     hover(browser, 3)
     shaded = shading(browser)
@@ -402,7 +413,11 @@ def test_the_tab_loads_a_128_token_text_in_under_a_second_and_redraws_512_tokens
             browser.execute_script("return window.tinylmTiming.redrawMs"))
         hover(browser, pronouns[-1 - i] if i % 2 else 500 - 40 * i)
         redraws["hover"].append(browser.execute_script("return window.tinylmTiming.redrawMs"))
-    choose(browser, "head-select", "all")
+    heads_hidden = "return document.getElementById('heads').hidden"
+    assert browser.execute_script(heads_hidden)
+    choose(browser, "head-select", "all")  # small multiples: one strip per head of the layer
+    assert not browser.execute_script(heads_hidden)
+    assert len(browser.find_elements("css selector", "#heads canvas")) == 8
     for i in range(5):
         hover(browser, 100 + 80 * i)
         redraws["all heads"].append(browser.execute_script("return window.tinylmTiming.redrawMs"))

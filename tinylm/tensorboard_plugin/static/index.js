@@ -180,10 +180,13 @@ function redraw() {
   const start = performance.now();
   const heads = selectedHeads(), all = state.head === "all";
   el.heads.hidden = !all;
+  const words = state.content.token_words, queryWord = state.query === null ? -2
+    : state.level === "word" && words[state.query] >= 0 ? words[state.query] : -2;
   for (const span of state.spans) {
+    const t = Number(span.dataset.i);
     span.style.backgroundColor = "";
     delete span.dataset.weight;
-    span.classList.toggle("query", Number(span.dataset.i) === state.query);
+    span.classList.toggle("query", t === state.query || words[t] === queryWord);
   }
   if (state.query !== null) {
     // the main line: the selected head, or the mean of the layer's heads in "all heads" mode
@@ -303,7 +306,9 @@ function drawStatus(hovered) {
     return;
   }
   const what = state.reverse ? "is looked at by" : "looks at";
-  const who = `${JSON.stringify(c.tokens[q])} (token ${q})`;
+  const word = c.token_words[q];
+  const who = state.level === "word" && word >= 0 ? `"${c.words[word]}" (word ${word})`
+    : `${JSON.stringify(c.tokens[q])} (token ${q})`;
   if (hovered === null || Number.isNaN(state.shown[hovered])) {
     el.status.textContent = `${who} ${what} the shaded ${state.level}s` +
       (state.locked ? "; hover one for its weight" : "");
@@ -314,8 +319,10 @@ function drawStatus(hovered) {
     if (!Number.isNaN(v) && (state.level === "token" || firstTokenOfWord(t))) shown.push(v);
   });
   const v = state.shown[hovered], rank = 1 + shown.filter((x) => x > v).length;
-  el.status.textContent = `${who} ${what} ${JSON.stringify(c.tokens[hovered])} ` +
-    `(token ${hovered}): weight ${v.toFixed(4)}, rank ${rank} of ${shown.length} ` +
+  const other = state.level === "word"
+    ? `"${c.words[c.token_words[hovered]]}" (word ${c.token_words[hovered]})`
+    : `${JSON.stringify(c.tokens[hovered])} (token ${hovered})`;
+  el.status.textContent = `${who} ${what} ${other}: weight ${v.toFixed(4)}, rank ${rank} of ${shown.length} ` +
     `${state.level}s`;
 }
 
