@@ -6,8 +6,6 @@ tensorboard server.
 import json
 import os
 import shutil
-import subprocess
-import sys
 import time
 import urllib.error
 import urllib.parse
@@ -15,14 +13,14 @@ import urllib.request
 
 import numpy as np
 import pytest
-from helpers import tiny_model
+from helpers import tensorboard_server, tiny_model
 from tensorboard.backend import application
 from tensorboard.backend.event_processing import data_provider as tb_data_provider
 from tensorboard.backend.event_processing import plugin_event_multiplexer
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from tensorboard.plugins import base_plugin
 from tensorboard.util import tensor_util
-from test_tensorboard_server import STARTUP_TIMEOUT_S, free_port
+from test_tensorboard_server import STARTUP_TIMEOUT_S
 from test_train import corpus, run_config  # noqa: F401  (corpus: the fixture run_config needs)
 from torch.utils.tensorboard import SummaryWriter
 from werkzeug.test import Client
@@ -215,34 +213,19 @@ def logdir(corpus, tmp_path_factory):  # noqa: F811  (corpus is test_train's fix
 @pytest.fixture(scope="module")
 def server(logdir, tmp_path_factory):
     """`tensorboard --logdir <logdir>` as a user starts it; yields its base URL."""
-    port = free_port()
     log = tmp_path_factory.mktemp("server") / "tensorboard.log"
-    with log.open("wb") as log_file:
-        process = subprocess.Popen(
-            [sys.executable, "-m", "tensorboard.main", "--logdir", str(logdir),
-             "--host", "127.0.0.1", "--port", str(port)],
-            stdout=log_file, stderr=subprocess.STDOUT)
-    base = f"http://127.0.0.1:{port}"
+    with tensorboard_server(logdir, log) as (process, base):
+        def texts_loaded():
+            assert process.poll() is None, log.read_text(errors="replace")
+            try:
+                with urllib.request.urlopen(f"{base}{ROUTE}/texts", timeout=10) as response:
+                    runs = {t["run"] for t in json.loads(response.read())["texts"]}
+            except (urllib.error.URLError, ConnectionError):
+                return False
+            return runs == {"train/tensorboard", "default_shape", "wide"}
 
-    def texts_loaded():
-        assert process.poll() is None, log.read_text(errors="replace")
-        try:
-            with urllib.request.urlopen(f"{base}{ROUTE}/texts", timeout=10) as response:
-                runs = {t["run"] for t in json.loads(response.read())["texts"]}
-        except (urllib.error.URLError, ConnectionError):
-            return False
-        return runs == {"train/tensorboard", "default_shape", "wide"}
-
-    try:
         wait_for(texts_loaded, STARTUP_TIMEOUT_S, "tensorboard to load the runs")
         yield base
-    finally:
-        process.terminate()
-        try:
-            process.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
 
 
 @pytest.fixture(scope="module")

@@ -332,6 +332,8 @@ function firstTokenOfWord(t) {
 }
 
 function selectHead(layer, head) {
+  // a probe report of another model may name heads this text's model does not have
+  if (layer >= state.nLayer || (head !== "all" && head >= state.nHead)) return;
   state.layer = layer;
   state.head = head;
   el.layer.value = String(layer);
