@@ -326,18 +326,21 @@ def test_the_tab_shades_where_a_pronoun_looks_and_lists_its_antecedents(
     assert shaded.keys() == expected.keys()
     np.testing.assert_allclose([shaded[t] for t in expected], list(expected.values()), atol=2e-4)
 
-    # the antecedent list is inspection.read_pronouns' for this head
+    # the antecedent lists are inspection.read_pronouns' for this head, from the pronoun
+    # ("resolving") and from the token before it ("deciding")
     capture = AttentionCapture(content["text"], list(range(len(content["tokens"]))),
                                content["tokens"], [(0, 0)] * len(content["tokens"]),
                                weights.astype(np.float32), find_words(content["text"]),
                                content["token_words"])
     (reading,) = [r for r in read_pronouns(capture) if r.word == p]
-    listed = browser.execute_script(
-        "return [...document.querySelectorAll('ol.antecedents li')]"
-        ".map(li => [Number(li.dataset.word), Number(li.dataset.weight)])")
-    assert [w for w, _ in listed] == [w for w, _ in reading.top[1][1]]
-    np.testing.assert_allclose([v for _, v in listed], [v for _, v in reading.top[1][1]],
-                               atol=2e-4)
+    for position, head_reading in reading.positions.items():
+        listed = browser.execute_script(
+            f"return [...document.querySelectorAll('ol[data-position={position}] li')]"
+            ".map(li => [Number(li.dataset.word), Number(li.dataset.weight)])")
+        top = head_reading.top[1][1]
+        assert [w for w, _ in listed] == [w for w, _ in top], position
+        np.testing.assert_allclose([v for _, v in listed], [v for _, v in top], atol=2e-4)
+    assert reading.positions.keys() == {"resolving", "deciding"}
     browser.save_screenshot(str(tmp_path / "tinylm_attention.png"))
 
     # token level, and the reverse: which later tokens look at this one

@@ -121,9 +121,27 @@ function selectedHeads() {
   return Array.from({length: state.nHead}, (_, h) => [state.layer, h]);
 }
 
-// A pronoun's most-attended earlier words for one head, best first (as inspection.read_pronouns).
-function antecedents(layer, head, pronoun) {
-  const row = wordRow(layer, head, pronoun);
+// Attention from one token to every word (a row of inspection.key_words).
+function keyWordRow(layer, head, q) {
+  const row = new Float64Array(state.wordTokens.length);
+  for (let k = 0; k <= q; k++) {
+    const w = state.content.token_words[k];
+    if (w >= 0) row[w] += at(layer, head, q, k);
+  }
+  return row;
+}
+
+// The token that predicts a word: the one just before its first token (null: none in view).
+function decidingToken(word) {
+  const first = state.wordTokens[word][0];
+  return first > 0 ? first - 1 : null;
+}
+
+// A pronoun's most-attended earlier words for one head, best first, as inspection.read_pronouns
+// reads them from the pronoun ("resolving") or from the token before it ("deciding").
+function antecedents(layer, head, pronoun, position = "resolving") {
+  const row = position === "deciding" ? keyWordRow(layer, head, decidingToken(pronoun))
+    : wordRow(layer, head, pronoun);
   const earlier = [];
   for (let w = 0; w < pronoun; w++) if (state.wordTokens[w].length) earlier.push(w);
   earlier.sort((a, b) => row[b] - row[a] || a - b);
@@ -240,18 +258,19 @@ function drawPronounPanel() {
   const names = new Set(c.names);
   const word = (w) => make(names.has(w) ? "em" : "span", {textContent: c.words[w]});
   const heads = selectedHeads();
-  const lists = heads.map(([layer, head]) => {
-    const items = antecedents(layer, head, pronoun).map(([w, v]) => {
+  const positions = decidingToken(pronoun) === null ? ["resolving"] : ["resolving", "deciding"];
+  const lists = heads.flatMap(([layer, head]) => positions.map((position) => {
+    const items = antecedents(layer, head, pronoun, position).map(([w, v]) => {
       const li = make("li", {}, word(w), ` ${v.toFixed(2)}`);
       li.dataset.word = w;
       li.dataset.weight = v.toFixed(4);
       return li;
     });
     const list = make("ol", {className: "antecedents"}, ...items);
-    list.dataset.layer = layer;
-    list.dataset.head = head;
-    return make("div", {}, make("b", {textContent: `L${layer} H${head}`}), list);
-  });
+    Object.assign(list.dataset, {layer, head, position});
+    const from = position === "deciding" ? "from the token before it" : "from the pronoun";
+    return make("div", {}, make("b", {textContent: `L${layer} H${head} ${from}`}), list);
+  }));
   const table = make("table", {className: "best-per-head"},
     make("tr", {}, make("th", {textContent: "top word"}),
          ...Array.from({length: state.nHead}, (_, h) => make("th", {textContent: `H${h}`}))),
@@ -269,7 +288,8 @@ function drawPronounPanel() {
     make("p", {}, `"${c.words[pronoun]}" (word ${pronoun}) looks at, summed over sub-word ` +
          "tokens (names in italics):"),
     make("div", {className: "lists"}, ...lists),
-    make("p", {textContent: "Each head's most-attended earlier word (click to select the head):"}),
+    make("p", {textContent: "Each head's most-attended earlier word from the pronoun (click to "
+                            + "select the head):"}),
     table);
 }
 
