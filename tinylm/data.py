@@ -38,7 +38,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from tinylm.config import project_root
+from tinylm.config import integer, number, one_of, project_root
 from tinylm.tokenizer import EOT, Tokenizer, TokenizerConfig, load_tokenizer, train_tokenizer
 
 DATA_ROOT_ENV = "TINYLM_DATA_ROOT"  # overrides where the offline corpora are looked for
@@ -77,16 +77,11 @@ class DataConfig:
     on_decode_error: str = "strict"  # strict: stop at invalid UTF-8 | replace: use U+FFFD
 
     def __post_init__(self):
-        if isinstance(self.files, str):  # data.files=notes.txt on the command line
-            self.files = [self.files]
         for key, allowed in (("source", SOURCES), ("sample_by", SAMPLE_BY), ("split", SPLITS),
                              ("on_decode_error", ON_DECODE_ERROR)):
-            if getattr(self, key) not in allowed:
-                raise ValueError(f"data.{key}={getattr(self, key)!r} is not allowed; "
-                                 f"allowed: {', '.join(allowed)}")
-        if not (isinstance(self.val_fraction, float | int) and 0 < self.val_fraction < 1):
-            raise ValueError(f"data.val_fraction={self.val_fraction!r} is not allowed: "
-                             "must be between 0 and 1 (exclusive)")
+            one_of(f"data.{key}", getattr(self, key), allowed)
+        number("data.val_fraction", self.val_fraction, 0, 1, low_open=True, high_open=True)
+        integer("data.split_seed", self.split_seed)
         if self.source == "hub" and not self.hub_id:
             raise ValueError(f"data.source=hub needs data.hub_id (corpus {self.name!r} has none)")
         if self.source == "local" and not self.files:
@@ -95,10 +90,7 @@ class DataConfig:
         if not isinstance(self.files, list) or not all(isinstance(f, str) for f in self.files):
             raise ValueError(f"data.files={self.files!r} is not allowed: must be a list of "
                              "paths or globs")
-        if self.max_documents is not None and (not isinstance(self.max_documents, int)
-                                               or self.max_documents < 2):
-            raise ValueError(f"data.max_documents={self.max_documents!r} is not allowed: "
-                             "must be an integer >= 2, or null for all")
+        integer("data.max_documents", self.max_documents, least=2, null="for all")
         if not self.name or "/" in self.name:
             raise ValueError(f"data.name={self.name!r} is not allowed: it names the cache "
                              "directory, so it must be non-empty and without '/'")

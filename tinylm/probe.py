@@ -44,10 +44,12 @@ import re
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
 
+from tinylm.config import flag, integer, one_of
 from tinylm.inspection import PRONOUNS, find_words, token_word_index, word_at, word_level
 
 SHIPPED_PROBES = ("pronouns.jsonl", "agreement.jsonl")  # in data/probes/ (a wheel: tinylm/probes/)
@@ -60,7 +62,8 @@ class ProbeConfig:
     """Options of tinylm-probe; mirrors conf/probe.yaml."""
 
     checkpoint: str | None = None  # a run directory, its checkpoints/, or one checkpoint directory
-    probe_file: str | list[str] | None = None  # JSONL file(s); None: the shipped data/probes/ sets
+    # JSONL file(s); None: the shipped data/probes/ sets. Any: OmegaConf has no "str or list"
+    probe_file: Any = None
     out: str | None = None  # the JSON report; None: <logdir>/probe.json
     logdir: str | None = None  # TensorBoard heatmaps; None: <run dir>/probe/<timestamp>
     ablate: bool = False  # zero each head in turn and measure the agreement margins
@@ -77,11 +80,9 @@ class ProbeConfig:
             raise ValueError(f"probe_file={self.probe_file!r} is not allowed: give a JSONL path, "
                              "a list of them, or null for the shipped probe sets")
         for key in ("top_heads", "batch_size"):
-            if not isinstance(getattr(self, key), int) or getattr(self, key) < 1:
-                raise ValueError(f"{key}={getattr(self, key)!r} is not allowed: must be an "
-                                 "integer >= 1")
-        if self.prefer not in ("best", "last"):
-            raise ValueError(f"prefer={self.prefer!r} is not allowed: must be best or last")
+            integer(key, getattr(self, key), least=1)
+        flag("ablate", self.ablate)
+        one_of("prefer", self.prefer, ("best", "last"))
 
 
 class ProbeFileError(ValueError):

@@ -21,6 +21,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
+from tinylm.config import integer, one_of
+
 EOT = "<|endoftext|>"  # separates documents in the token stream; the model learns "story over"
 N_BYTES = 256  # byte-level BPE starts from one symbol per byte value
 TOKENIZER_NAMES = ("bpe", "char")
@@ -34,20 +36,14 @@ class TokenizerConfig:
     vocab_size: int | None = 4096  # bpe: target size incl. 256 bytes + <|endoftext|>; char: null
 
     def __post_init__(self):
-        if self.name not in TOKENIZER_NAMES:
-            raise ValueError(f"tokenizer.name={self.name!r} is not allowed; "
-                             f"allowed: {', '.join(TOKENIZER_NAMES)}")
+        one_of("tokenizer.name", self.name, TOKENIZER_NAMES)
         if self.name == "char" and self.vocab_size is not None:
             raise ValueError(f"tokenizer.vocab_size={self.vocab_size!r} is not allowed for "
                              "tokenizer=char: its vocabulary is the corpus's characters; "
                              "leave it null")
         if self.name == "bpe":
-            smallest = N_BYTES + 1
-            if (not isinstance(self.vocab_size, int) or isinstance(self.vocab_size, bool)
-                    or self.vocab_size < smallest):
-                raise ValueError(f"tokenizer.vocab_size={self.vocab_size!r} is too small for "
-                                 f"byte-level BPE: it needs at least {smallest} ({N_BYTES} byte "
-                                 f"symbols + the special token {EOT})")
+            # byte-level BPE needs the 256 byte symbols and the special token <|endoftext|>
+            integer("tokenizer.vocab_size", self.vocab_size, least=N_BYTES + 1)
 
 
 class Tokenizer(ABC):

@@ -46,7 +46,7 @@ from tinylm.checkpoint import (
     resolve_checkpoint_dir,
     save_checkpoint,
 )
-from tinylm.config import ConfigError, to_dataclass
+from tinylm.config import ConfigError, bad, flag, integer, number, one_of, to_dataclass
 from tinylm.data import BatchSampler, DataConfig, check_enough_tokens, prepare_data
 from tinylm.device import resolve_device
 from tinylm.model import ModelConfig, TinyLM
@@ -56,10 +56,6 @@ log = logging.getLogger(__name__)
 
 PRECISIONS = ("auto", "fp32", "bf16", "fp16")
 TENSORBOARD_DIR = "tensorboard"
-
-
-def _bad(key: str, value: Any, rule: str) -> ConfigError:
-    return ConfigError(f"{key}={value!r} is not allowed: {rule}")
 
 
 @dataclass
@@ -77,20 +73,13 @@ class OptimConfig:
 
     def __post_init__(self):
         for key in ("lr", "min_lr", "weight_decay", "grad_clip"):
-            value = getattr(self, key)
-            if not isinstance(value, int | float) or isinstance(value, bool) or value < 0:
-                raise _bad(f"optim.{key}", value, "must be a number >= 0")
+            number(f"optim.{key}", getattr(self, key), low=0)
         if self.min_lr > self.lr:
-            raise _bad("optim.min_lr", self.min_lr, f"must be <= optim.lr={self.lr}")
+            raise bad("optim.min_lr", self.min_lr, f"must be <= optim.lr={self.lr}")
         for key in ("beta1", "beta2"):
-            if not 0 <= getattr(self, key) < 1:
-                raise _bad(f"optim.{key}", getattr(self, key), "must be in [0, 1)")
-        if not isinstance(self.warmup_steps, int) or self.warmup_steps < 0:
-            raise _bad("optim.warmup_steps", self.warmup_steps, "must be an integer >= 0")
-        if self.lr_decay_steps is not None and (not isinstance(self.lr_decay_steps, int)
-                                                or self.lr_decay_steps < 1):
-            raise _bad("optim.lr_decay_steps", self.lr_decay_steps,
-                       "must be an integer >= 1, or null for train.max_steps")
+            number(f"optim.{key}", getattr(self, key), 0, 1, high_open=True)
+        integer("optim.warmup_steps", self.warmup_steps, least=0)
+        integer("optim.lr_decay_steps", self.lr_decay_steps, least=1, null="for train.max_steps")
 
 
 @dataclass
@@ -117,15 +106,14 @@ class TrainConfig:
         for key, least in (("max_steps", 1), ("batch_size", 1), ("grad_accum_steps", 1),
                            ("eval_interval", 1), ("eval_batches", 1), ("checkpoint_interval", 0),
                            ("log_interval", 1), ("sample_tokens", 0)):
-            value = getattr(self, key)
-            if not isinstance(value, int) or isinstance(value, bool) or value < least:
-                raise _bad(f"train.{key}", value, f"must be an integer >= {least}")
-        if self.precision not in PRECISIONS:
-            raise _bad("train.precision", self.precision, f"allowed: {', '.join(PRECISIONS)}")
+            integer(f"train.{key}", getattr(self, key), least)
+        integer("train.seed", self.seed)
+        one_of("train.precision", self.precision, PRECISIONS)
+        flag("train.compile", self.compile)
         if not isinstance(self.resume, bool) and not (isinstance(self.resume, str)
                                                       and self.resume):
-            raise _bad("train.resume", self.resume,
-                       "must be false, true or the path of a checkpoint or run directory")
+            raise bad("train.resume", self.resume,
+                      "must be false, true or the path of a checkpoint or run directory")
 
 
 @dataclass
@@ -224,7 +212,7 @@ def resolve_precision(precision: str, device: torch.device) -> torch.dtype:
             getattr(cpu, "_is_amx_tile_supported", lambda: False)()
         return torch.bfloat16 if device.type == "cpu" and fast_bf16 else torch.float32
     if precision == "fp16" and device.type != "cuda":
-        raise _bad("train.precision", precision, "fp16 needs CUDA; use bf16 or fp32 on the CPU")
+        raise bad("train.precision", precision, "fp16 needs CUDA; use bf16 or fp32 on the CPU")
     return {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[precision]
 
 
@@ -453,7 +441,7 @@ class Trainer:
         if model_cfg.vocab_size is None:
             model_cfg = dataclasses.replace(model_cfg, vocab_size=self.tokenizer.vocab_size)
         elif model_cfg.vocab_size < self.tokenizer.vocab_size:
-            raise _bad("model.vocab_size", model_cfg.vocab_size, f"the tokenizer has "
+            raise bad("model.vocab_size", model_cfg.vocab_size, f"the tokenizer has "
                        f"{self.tokenizer.vocab_size} ids; use null or a larger value")
         try:
             check_enough_tokens(prepared, model_cfg.block_size)
