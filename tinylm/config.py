@@ -41,12 +41,17 @@ class ConfigError(ValueError):
     """A config value that is not allowed; the message names the key, the value and the rule."""
 
 
-def config_dir() -> Path:
+def config_dir(register: bool = True) -> Path:
     """The conf/ directory (packaged inside tinylm/ in a wheel, at the repo root in a checkout),
-    with the schemas its YAML files extend registered: it cannot be composed without them."""
+    with the schemas its YAML files extend registered: it cannot be composed without them.
+
+    register=False skips importing the dataclasses (and torch): for the console scripts'
+    import, where a Ctrl-C must still end the command in one line (they register it later).
+    """
     for candidate in (PACKAGE_DIR / "conf", PACKAGE_DIR.parent / "conf"):
         if (candidate / "config.yaml").is_file():
-            register_schemas()
+            if register:
+                register_schemas()
             return candidate
     raise FileNotFoundError(
         f"tinylm's configs were not found in {PACKAGE_DIR / 'conf'} or "

@@ -162,15 +162,19 @@ def resolve_files(cfg: DataConfig) -> tuple[Path, list[Path]]:
     for root, why in data_root_candidates(cfg):
         files, missing = [], []
         for pattern in cfg.files:
+            if (root / Path(pattern).expanduser()).is_dir():
+                example = f"{pattern.rstrip('/')}/*.txt"
+                raise ValueError(f"data.files: {pattern} is a directory ({root / pattern}); name "
+                                 f"the files in it, e.g. 'data.files=[{example}]'")
             matches = _match(root, pattern)
             if not matches:
                 missing.append(pattern)
             files += [m for m in matches if m not in files]  # a file named twice is read once
         if not missing:
             return root, files
-        tried.append(f"  {root} ({why}): no {', '.join(missing)}")
-    raise FileNotFoundError(f"corpus {cfg.name!r}: its files were not found:\n" + "\n".join(tried)
-                            + f"\nTo fix: {HOW_TO_POINT}.")
+        tried.append(f"{root} ({why}): no {', '.join(missing)}")
+    raise FileNotFoundError(f"corpus {cfg.name!r}: its files were not found: in "
+                            + "; in ".join(tried) + f". To fix: {HOW_TO_POINT}.")
 
 
 def scan_file(path: Path, strict_utf8: bool = True, log: Callable[[str], None] = print) -> dict:
@@ -489,18 +493,26 @@ def prepare_data(data_cfg: DataConfig, tok_cfg: TokenizerConfig, *, force: bool 
 
 # ------------------------------------------------------------------------------ batch sampling
 
-def _require_window(n_tokens: int, block_size: int, what: str) -> None:
+def _require_window(n_tokens: int, block_size: int, what: str,
+                    advice: str = "use a longer corpus or a smaller model.block_size") -> None:
     if n_tokens < block_size + 1:
         raise ValueError(f"{what} holds {n_tokens:,} tokens, fewer than one training window of "
-                         f"model.block_size + 1 = {block_size + 1}; use a longer corpus, a larger "
-                         "data.val_fraction or a smaller model.block_size")
+                         f"model.block_size + 1 = {block_size + 1}; {advice}")
 
 
 def check_enough_tokens(prepared: PreparedData, block_size: int) -> None:
-    """Raise ValueError unless train and val both hold at least one window of block_size + 1."""
-    for split in ("train", "val"):
-        _require_window(prepared.meta[f"{split}_tokens"], block_size,
-                        f"{prepared.directory / f'{split}.bin'}")
+    """Raise ValueError unless train and val both hold at least one window of block_size + 1.
+
+    The advice fits the split that is short: more validation text takes it from training.
+    """
+    n_train, n_val = (prepared.meta[f"{split}_tokens"] for split in ("train", "val"))
+    fits = min(n_train, n_val) - 1  # the largest block_size both splits hold a window of
+    smaller = f"model.block_size={fits}" if fits >= 1 else "a smaller model.block_size"
+    _require_window(n_train, block_size, f"{prepared.directory / 'train.bin'}",
+                    f"use a longer corpus or {smaller}")
+    _require_window(n_val, block_size, f"{prepared.directory / 'val.bin'}",
+                    f"use {smaller}, a longer corpus, or a larger data.val_fraction (now the "
+                    f"training split holds {n_train:,} tokens)")
 
 
 class BatchSampler:

@@ -208,9 +208,15 @@ def _read_prompt(cfg: GenerateConfig) -> str:
     if not cfg.prompt_file:
         return cfg.prompt
     path = Path(cfg.prompt_file)
+    if path.is_dir():
+        raise ValueError(f"prompt_file={path} is a directory; name a UTF-8 text file")
     if not path.is_file():
         raise FileNotFoundError(f"prompt_file {path} does not exist")
-    return path.read_text(encoding="utf-8")
+    try:
+        return path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as err:
+        raise ValueError(f"prompt_file {path} is not UTF-8 text (byte {err.start}: "
+                         f"{err.reason})") from None
 
 
 def run_generate(cfg: GenerateConfig, out=None) -> list[str]:

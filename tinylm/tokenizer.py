@@ -240,11 +240,15 @@ def load_tokenizer(path: str | Path) -> Tokenizer:
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"tokenizer file {path} does not exist")
-    text = path.read_text(encoding="utf-8")
     try:
+        text = path.read_text(encoding="utf-8")
         data = json.loads(text)
-    except json.JSONDecodeError as err:
-        raise ValueError(f"{path} is not a tokenizer: invalid JSON ({err})") from None
+    except UnicodeDecodeError as err:
+        raise ValueError(f"{path} is not a tokenizer: not UTF-8 text (byte {err.start})"
+                         ) from None
+    except (json.JSONDecodeError, RecursionError) as err:
+        raise ValueError(f"{path} is not a tokenizer: invalid JSON "
+                         f"({getattr(err, 'msg', 'nested too deeply')})") from None
     if isinstance(data, dict) and data.get("kind") == "tinylm-char":
         if not isinstance(data.get("chars"), list):
             raise ValueError(f"{path} is a char tokenizer without its \"chars\" list")
@@ -253,6 +257,10 @@ def load_tokenizer(path: str | Path) -> Tokenizer:
             and data["model"].get("type") == "BPE":
         from tokenizers import Tokenizer as HFTokenizer
 
-        return BPETokenizer(HFTokenizer.from_str(text))
+        try:
+            return BPETokenizer(HFTokenizer.from_str(text))
+        except Exception as err:  # the Rust side raises plain Exception: "Missing vocab/merges"
+            raise ValueError(f"{path} is not a usable BPE tokenizer: "
+                             f"{str(err).splitlines()[0]}") from None
     raise ValueError(f"{path} is not a tinylm tokenizer: expected a char tokenizer "
                      "(\"kind\": \"tinylm-char\") or an HF tokenizers BPE file")

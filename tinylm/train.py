@@ -42,8 +42,12 @@ from tinylm.checkpoint import (
     CHECKPOINTS_DIR,
     TOKENIZER_FILE,
     TRAINER_STATE_FILE,
+    CheckpointNotWritten,
+    NonFiniteWeights,
     load_checkpoint,
+    load_trainer_state,
     resolve_checkpoint_dir,
+    run_dir_lock,
     save_checkpoint,
 )
 from tinylm.config import ConfigError, bad, flag, integer, number, one_of, to_dataclass
@@ -159,6 +163,14 @@ class TrainingInterrupted(Exception):
         super().__init__(f"{name} at step {step}: {where}")
 
 
+class StoppedAgain(KeyboardInterrupt):
+    """A second Ctrl-C or SIGTERM: stop at once, without a checkpoint (`signum` says which)."""
+
+    def __init__(self, signum: int):
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
 class TrainingDiverged(RuntimeError):
     """The loss or the gradients became NaN or infinite; the last good checkpoint is kept."""
 
@@ -266,7 +278,7 @@ class _StopSignals:
 
     def _handle(self, signum, frame):
         if self.signum is not None and self.abort_on_second:
-            raise KeyboardInterrupt
+            raise StoppedAgain(signum)
         self.signum = self.signum or signum
 
     def __enter__(self):
@@ -496,9 +508,13 @@ class Trainer:
         ckpt = load_checkpoint(directory, device="cpu")
         _check_resume_matches(ckpt, self.model_cfg, self.cfg, tokenizer_file)
         self.model.load_state_dict(ckpt.model.state_dict())
-        state = torch.load(ckpt.trainer_state_path, map_location="cpu", weights_only=True)
-        self.optimizer.load_state_dict(state["optimizer"])
-        self.scaler.load_state_dict(state["scaler"])
+        state = load_trainer_state(ckpt.trainer_state_path)
+        try:
+            self.optimizer.load_state_dict(state["optimizer"])
+            self.scaler.load_state_dict(state["scaler"])
+        except (ValueError, KeyError, TypeError, RuntimeError) as err:
+            raise ValueError(f"{ckpt.trainer_state_path} does not fit this run's optimizer: "
+                             f"{str(err).splitlines()[0]}") from None
         self.step, self.best_val = state["step"], state["best_val_loss"]
         self.tokens_seen = state["tokens_seen"]
         if state["world_size"] == self.world_size:
@@ -529,8 +545,21 @@ class Trainer:
             "scaler": self.scaler.state_dict(), "sampler": [s[0] for s in states],
             "rng_cpu": [s[1] for s in states], "rng_cuda": [s[2] for s in states] if on_cuda
             else None}
-        save_checkpoint(self.run_dir, self.model, self.tokenizer, self.run_config.to_dict(),
-                        self.step, trainer_state, tags)
+        try:
+            save_checkpoint(self.run_dir, self.model, self.tokenizer,
+                            self.run_config.to_dict(), self.step, trainer_state, tags)
+        except NonFiniteWeights as err:
+            raise TrainingDiverged(f"training diverged by step {self.step}: {err}; "
+                                   f"{self._last_good()}; try a lower optim.lr (now "
+                                   f"{self.cfg.optim.lr}) or train.precision=fp32") from None
+        except CheckpointNotWritten as err:
+            raise CheckpointNotWritten(f"{err}; {self._last_good()}; make room, then continue "
+                                       f"with train.resume=true hydra.run.dir={self.run_dir}"
+                                       ) from None
+
+    def _last_good(self) -> str:
+        kept = self.last_checkpoint()
+        return f"the last good checkpoint is {kept}" if kept else "no checkpoint was saved yet"
 
     def last_checkpoint(self) -> Path | None:
         last = self.run_dir / CHECKPOINTS_DIR / "last"
@@ -565,12 +594,11 @@ class Trainer:
         loss /= self.world_size
         fp16_overflow = self.scaler.is_enabled()  # the scaler skips such steps by itself
         if not math.isfinite(loss) or not (math.isfinite(grad_norm) or fp16_overflow):
-            kept = self.last_checkpoint()
             raise TrainingDiverged(
                 f"training diverged at step {self.step + 1}: "
                 + (f"loss {loss}" if not math.isfinite(loss) else f"gradient norm {grad_norm}")
-                + (f"; the last good checkpoint is {kept}" if kept else "; no checkpoint yet")
-                + f"; try a lower optim.lr (now {self.cfg.optim.lr}) or train.precision=fp32")
+                + f"; {self._last_good()}; try a lower optim.lr (now {self.cfg.optim.lr}) or "
+                "train.precision=fp32")
         self.scaler.step(self.optimizer)
         self.scaler.update()
         self.optimizer.zero_grad(set_to_none=True)
@@ -674,7 +702,12 @@ class Trainer:
 def train(cfg: RunConfig) -> dict:
     """Train a model as `cfg` says; returns the final metrics and where things were written.
 
-    Raises ConfigError for bad input (before any work), TrainingInterrupted after Ctrl-C or
-    SIGTERM (a checkpoint saved first), TrainingDiverged when the loss stops being finite.
+    Raises ConfigError for bad input (before any work), RunDirInUse when another process writes
+    cfg.run_dir, TrainingInterrupted after Ctrl-C or SIGTERM (a checkpoint saved first),
+    TrainingDiverged when the loss or the weights stop being finite, CheckpointNotWritten when
+    a checkpoint cannot be written (a full disk).
     """
-    return Trainer(cfg).run()
+    rank, _, _ = init_distributed()
+    # rank 0 writes the run directory; the lock keeps a second run from writing it too
+    with run_dir_lock(cfg.run_dir) if rank == 0 else contextlib.nullcontext():
+        return Trainer(cfg).run()

@@ -7,6 +7,7 @@ override ends the command with one line naming the key and the keys allowed ther
 
 from __future__ import annotations
 
+import signal
 import sys
 from collections.abc import Callable
 from typing import TypeVar
@@ -23,13 +24,18 @@ def without_hydra(cfg: DictConfig) -> DictConfig:
 
 def run_or_exit(command: str, action: Callable[[], T], interrupted: str = "interrupted",
                 errors: tuple[type[Exception], ...] = (ValueError, FileNotFoundError)) -> T:
-    """Run `action`; a bad input exits with one line `<command>: error: ...`, not a traceback."""
+    """Run `action`; a bad input exits with one line `<command>: error: ...`, not a traceback.
+
+    Ctrl-C exits with 130 and SIGTERM with 143 (128 + the signal), as a shell reports a process
+    the signal ended: a script running the command sees that it was stopped, not that it failed.
+    """
     try:
         return action()
     except errors as err:
         sys.exit(f"{command}: error: {err}")
-    except KeyboardInterrupt:
-        sys.exit(f"\n{command}: {interrupted}")
+    except KeyboardInterrupt as err:
+        print(f"\n{command}: {interrupted}", file=sys.stderr)
+        sys.exit(128 + getattr(err, "signum", signal.SIGINT))
 
 
 def check_command_line_or_exit(command: str, config_name: str,
@@ -40,7 +46,10 @@ def check_command_line_or_exit(command: str, config_name: str,
     """
     from hydra._internal.utils import get_args_parser
 
+    from tinylm.config import register_schemas
+
     args = get_args_parser().parse_args(sys.argv[1:])
+    run_or_exit(command, register_schemas)  # Hydra composes conf/ even for --help
     if args.help or args.hydra_help or args.info or args.shell_completion:
         return None
     return run_or_exit(command, lambda: check_command_line(

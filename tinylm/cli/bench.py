@@ -14,7 +14,7 @@ from tinylm.cli import check_command_line_or_exit, run_or_exit, without_hydra
 from tinylm.config import config_dir
 
 
-@hydra.main(version_base="1.3", config_path=str(config_dir()), config_name="bench")
+@hydra.main(version_base="1.3", config_path=str(config_dir(register=False)), config_name="bench")
 def _bench(cfg: DictConfig) -> None:
     """Compose conf/bench.yaml and run the benchmark; bad options exit with one clear line."""
     # the heavy imports (transformers) wait until Hydra has parsed the command line
@@ -34,7 +34,7 @@ def _config(cfg: DictConfig):
 def main() -> None:
     """Console entry: check the command line (one line per mistake), then hand it to Hydra."""
     check_command_line_or_exit("tinylm-bench", "bench", _config)
-    _bench()
+    run_or_exit("tinylm-bench", _bench, errors=())  # a Ctrl-C while starting: 130
 
 
 if __name__ == "__main__":

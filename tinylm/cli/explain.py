@@ -16,7 +16,7 @@ from tinylm.cli import check_command_line_or_exit, run_or_exit, without_hydra
 from tinylm.config import config_dir
 
 
-@hydra.main(version_base="1.3", config_path=str(config_dir()), config_name="explain")
+@hydra.main(version_base="1.3", config_path=str(config_dir(register=False)), config_name="explain")
 def _explain(cfg: DictConfig) -> None:
     """Compose conf/explain.yaml, print the walkthrough; bad inputs exit with one clear line."""
     from tinylm.explain import explain
@@ -42,7 +42,7 @@ def _config(cfg: DictConfig):
 def main() -> None:
     """Console entry: check the command line (one line per mistake), then hand it to Hydra."""
     check_command_line_or_exit("tinylm-explain", "explain", _config)
-    _explain()
+    run_or_exit("tinylm-explain", _explain, errors=())  # a Ctrl-C while starting: 130
 
 
 if __name__ == "__main__":

@@ -14,7 +14,7 @@ from tinylm.cli import check_command_line_or_exit, run_or_exit, without_hydra
 from tinylm.config import config_dir
 
 
-@hydra.main(version_base="1.3", config_path=str(config_dir()), config_name="generate")
+@hydra.main(version_base="1.3", config_path=str(config_dir(register=False)), config_name="generate")
 def _generate(cfg: DictConfig) -> None:
     """Compose conf/generate.yaml and generate; bad inputs exit with one clear line."""
     from tinylm.generate import run_generate
@@ -34,7 +34,7 @@ def _config(cfg: DictConfig):
 def main() -> None:
     """Console entry: check the command line (one line per mistake), then hand it to Hydra."""
     check_command_line_or_exit("tinylm-generate", "generate", _config)
-    _generate()
+    run_or_exit("tinylm-generate", _generate, errors=())  # a Ctrl-C while starting: 130
 
 
 if __name__ == "__main__":

@@ -14,7 +14,7 @@ from tinylm.cli import check_command_line_or_exit, run_or_exit, without_hydra
 from tinylm.config import config_dir
 
 
-@hydra.main(version_base="1.3", config_path=str(config_dir()), config_name="probe")
+@hydra.main(version_base="1.3", config_path=str(config_dir(register=False)), config_name="probe")
 def _probe(cfg: DictConfig) -> None:
     """Compose conf/probe.yaml and probe; bad inputs exit with one clear line."""
     from tinylm.probe import run_probe
@@ -33,7 +33,7 @@ def _config(cfg: DictConfig):
 def main() -> None:
     """Console entry: check the command line (one line per mistake), then hand it to Hydra."""
     check_command_line_or_exit("tinylm-probe", "probe", _config)
-    _probe()
+    run_or_exit("tinylm-probe", _probe, errors=())  # a Ctrl-C while starting: 130
 
 
 if __name__ == "__main__":
