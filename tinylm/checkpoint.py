@@ -2,6 +2,7 @@
 
 Layout inside a run directory:
 
+    .lock                      held by the process writing the run (.lock.pid: its pid, while held)
     checkpoints/
       step-0000500/            one complete checkpoint
         model.safetensors      weights (safetensors: loading never runs code)
@@ -125,6 +126,7 @@ def run_dir_lock(run_dir: str | Path) -> Iterator[None]:
     from filelock import FileLock, Timeout
 
     run_dir = Path(run_dir)
+    created = not run_dir.exists()
     run_dir.mkdir(parents=True, exist_ok=True)
     lock = FileLock(run_dir / LOCK_FILE)
     pid_file = run_dir / LOCK_PID_FILE
@@ -144,6 +146,10 @@ def run_dir_lock(run_dir: str | Path) -> Iterator[None]:
     finally:
         pid_file.unlink(missing_ok=True)
         lock.release()
+        if created and [p.name for p in run_dir.iterdir()] in ([LOCK_FILE], []):
+            # a run refused before its first file: leave no empty run directory behind
+            (run_dir / LOCK_FILE).unlink(missing_ok=True)
+            run_dir.rmdir()
 
 
 def check_finite(model: TinyLM) -> None:
