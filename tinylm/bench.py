@@ -43,7 +43,7 @@ SECTIONS = ("attention", "train", "generate", "inspect", "data")
 
 
 # --------------------------------------------------------------------------------------------
-# Configuration: one dataclass per section, mirrored by conf/bench.yaml
+# Configuration: one dataclass per section, the schema of conf/bench.yaml
 
 
 @dataclass
@@ -87,7 +87,7 @@ class InspectBenchConfig:
 
 @dataclass
 class BenchConfig:
-    """Options of tinylm-bench; mirrors conf/bench.yaml."""
+    """Options of tinylm-bench; the schema of conf/bench.yaml (defaults: here only)."""
 
     section: str = "all"  # all, or one of SECTIONS
     threads: int = 2  # torch threads for every candidate (restored afterwards)

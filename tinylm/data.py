@@ -58,7 +58,7 @@ HOW_TO_POINT = (f"point at the folder holding the corpora with data.data_root=/p
 
 @dataclass
 class DataConfig:
-    """Which corpus to read and how to cut it; mirrors conf/data/*.yaml."""
+    """Which corpus to read and how to cut it; schema of conf/data/*.yaml (defaults: here only)."""
 
     name: str = "tinystories"  # the cache goes to <cache_dir>/<name>-<tokenizer.name>/
     source: str = "local"  # local: `files` below | hub: datasets.load_dataset(hub_id)

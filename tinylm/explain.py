@@ -35,7 +35,7 @@ MAX_WIDTH = 100  # tables are set side by side while they fit in this many colum
 
 @dataclass
 class ExplainConfig:
-    """What tinylm-explain shows; mirrors conf/explain.yaml."""
+    """What tinylm-explain shows; the schema of conf/explain.yaml (defaults: here only)."""
 
     q: list | None = None  # queries: list of rows (T_q, d); default the explainer's example
     k: list | None = None  # keys (T_k, d); default: K = Q

@@ -30,7 +30,7 @@ MIN_TEMPERATURE = 1e-3
 
 @dataclass
 class GenerateConfig:
-    """Options of tinylm-generate; mirrors conf/generate.yaml."""
+    """Options of tinylm-generate; the schema of conf/generate.yaml (defaults: here only)."""
 
     checkpoint: str | None = None  # a run directory, its checkpoints/, or one checkpoint directory
     prompt: str | None = ""  # empty: start from <|endoftext|>, i.e. a fresh story

@@ -25,7 +25,7 @@ from tinylm.loss import lm_head_cross_entropy
 
 @dataclass
 class ModelConfig:
-    """Shape of the model; mirrors conf/model/*.yaml."""
+    """Shape of the model; the schema of conf/model/*.yaml (defaults: here only)."""
 
     vocab_size: int | None = None  # None: taken from the tokenizer when training starts
     block_size: int = 128  # longest context, in tokens

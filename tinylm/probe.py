@@ -59,7 +59,7 @@ WORD_CHAR = re.compile(r"\w")
 
 @dataclass
 class ProbeConfig:
-    """Options of tinylm-probe; mirrors conf/probe.yaml."""
+    """Options of tinylm-probe; the schema of conf/probe.yaml (defaults: here only)."""
 
     checkpoint: str | None = None  # a run directory, its checkpoints/, or one checkpoint directory
     # JSONL file(s); None: the shipped data/probes/ sets. Any: OmegaConf has no "str or list"

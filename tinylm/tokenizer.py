@@ -30,7 +30,7 @@ TOKENIZER_NAMES = ("bpe", "char")
 
 @dataclass
 class TokenizerConfig:
-    """Which tokenizer to train; mirrors conf/tokenizer/*.yaml."""
+    """Which tokenizer to train; the schema of conf/tokenizer/*.yaml (defaults: here only)."""
 
     name: str = "bpe"  # bpe: byte-level BPE | char: one id per distinct character
     vocab_size: int | None = 4096  # bpe: target size incl. 256 bytes + <|endoftext|>; char: null

@@ -64,7 +64,7 @@ TENSORBOARD_DIR = "tensorboard"
 
 @dataclass
 class OptimConfig:
-    """AdamW and its learning-rate schedule; mirrors conf/optim/*.yaml."""
+    """AdamW and its learning-rate schedule; schema of conf/optim/*.yaml (defaults: here only)."""
 
     lr: float = 2e-3  # peak learning rate, reached after warmup_steps
     min_lr: float = 1e-4  # where the cosine ends
@@ -88,7 +88,10 @@ class OptimConfig:
 
 @dataclass
 class TrainConfig:
-    """The training loop, evaluation, logging and checkpoints; mirrors conf/train/*.yaml."""
+    """The training loop, evaluation, logging, checkpoints.
+
+    The schema of conf/train/*.yaml: each default is written here only.
+    """
 
     max_steps: int = 2000
     batch_size: int = 16  # sequences per micro-batch (per process under torchrun)
