@@ -47,4 +47,4 @@ def test_wheel_installed_elsewhere_finds_and_composes_its_configs(tmp_path):
         str(target / "tinylm" / "conf"), "tinyshakespeare", "char", "128", "7",
         # the shipped probe sets travel in the wheel: tinylm-probe needs no probe_file=
         f"{target / 'tinylm' / 'probes' / 'pronouns.jsonl'}:72",
-        f"{target / 'tinylm' / 'probes' / 'agreement.jsonl'}:72"]
+        f"{target / 'tinylm' / 'probes' / 'agreement.jsonl'}:108"]
