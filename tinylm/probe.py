@@ -550,10 +550,9 @@ def probe_files(cfg: ProbeConfig) -> list[Path]:
     checkout; an installed wheel carries them as tinylm/probes/)."""
     if cfg.probe_file is not None:
         return [Path(p) for p in cfg.probe_file]
-    from tinylm.config import PACKAGE_DIR, project_root
+    from tinylm.config import shipped_dir
 
-    root = project_root()
-    directory = root / "data" / "probes" if root is not None else PACKAGE_DIR / "probes"
+    directory = shipped_dir("data/probes", "probes")
     return [directory / name for name in SHIPPED_PROBES]
 
 

@@ -32,6 +32,7 @@ class TokenizerConfig:
 
     name: str = "bpe"  # bpe: byte-level BPE | char: one id per distinct character
     vocab_size: int | None = 4096  # bpe: target size incl. 256 bytes + <|endoftext|>; char: null
+    train_bytes: int = 100_000_000  # bpe learns its merges on at most this much training text
 
     def __post_init__(self):
         if self.name not in TOKENIZER_NAMES:
@@ -41,6 +42,10 @@ class TokenizerConfig:
             raise ValueError(f"tokenizer.vocab_size={self.vocab_size!r} is not allowed for "
                              "tokenizer=char: its vocabulary is the corpus's characters; "
                              "leave it null")
+        if (not isinstance(self.train_bytes, int) or isinstance(self.train_bytes, bool)
+                or self.train_bytes < 1):
+            raise ValueError(f"tokenizer.train_bytes={self.train_bytes!r} is not allowed: must "
+                             "be a positive number of bytes, e.g. 100000000")
         if self.name == "bpe":
             smallest = N_BYTES + 1
             if (not isinstance(self.vocab_size, int) or isinstance(self.vocab_size, bool)
