@@ -1,5 +1,7 @@
 """Behaviour of tinylm.inspection: attention capture, word-level aggregation, pronouns, outputs."""
 
+import json
+
 import numpy as np
 import pytest
 from helpers import tiny_model
@@ -12,6 +14,8 @@ from tinylm.inspection import (
     find_words,
     inspect_texts,
     is_name,
+    key_words,
+    pronoun_summary,
     read_pronouns,
     token_word_index,
     word_at,
@@ -82,8 +86,9 @@ def test_word_level_sums_over_key_subwords_and_averages_query_subwords():
     np.testing.assert_allclose(batched[1], words)
 
 
-def hand_made_capture(text, layer_head_targets):
-    """A char-level capture where head (l, h) sends all attention of 'She' to one word."""
+def hand_made_capture(text, resolving, deciding=None):
+    """A char-level capture, uniform over the past except that head (l, h) sends all attention of
+    'She' (`resolving`) or of the token before it (`deciding`) to one word."""
     tokenizer = CharTokenizer.train([text])
     ids, offsets = tokenizer.encode_with_offsets(text)
     spans = find_words(text)
@@ -92,11 +97,14 @@ def hand_made_capture(text, layer_head_targets):
     weights = np.tril(np.ones((2, 2, t, t)))
     weights /= weights.sum(-1, keepdims=True)  # uniform over the past
     she = text.index("She")
-    for (layer, head), target in layer_head_targets.items():
-        s, e = spans[[text[a:b] for a, b in spans].index(target)]
-        for q in range(she, she + 3):  # each of the pronoun's 3 tokens
-            weights[layer, head, q] = 0.0
-            weights[layer, head, q, s:e] = 1.0 / (e - s)
+    rows = [(range(she, she + 3), resolving),  # each of the pronoun's 3 tokens
+            (range(she - 1, she), deciding or {})]  # the space before it predicts "S"
+    for queries, targets in rows:
+        for (layer, head), target in targets.items():
+            s, e = spans[[text[a:b] for a, b in spans].index(target)]
+            for q in queries:
+                weights[layer, head, q] = 0.0
+                weights[layer, head, q, s:e] = 1.0 / (e - s)
     return AttentionCapture(text, ids, tokenizer.token_strings(ids), offsets,
                             weights.astype(np.float32), spans, token_words)
 
@@ -107,11 +115,60 @@ def test_pronoun_reading_finds_the_heads_that_point_at_a_name():
                                        (1, 1): "dog"})
     (reading,) = read_pronouns(capture, k=2)
     assert reading.pronoun == "She" and reading.char == text.index("She")
+    resolving = reading.positions["resolving"]
     words = capture.words
-    assert words[reading.top[0][1][0][0]] == "Lily" and reading.top[0][1][0][1] == pytest.approx(1)
-    assert words[reading.top[1][1][0][0]] == "dog"
-    named = {(layer, head): words[w] for layer, head, w, _ in reading.name_heads}
+    assert words[resolving.top[0][1][0][0]] == "Lily" and resolving.top[0][1][0][1] == \
+        pytest.approx(1)
+    assert words[resolving.top[1][1][0][0]] == "dog"
+    named = {(layer, head): words[w] for layer, head, w, _ in resolving.name_heads}
     assert named == {(0, 1): "Lily", (1, 0): "Zed"}
+
+
+def test_the_two_query_positions_read_the_pronoun_and_the_token_before_it():
+    text = "Lily met a dog. The dog saw Zed. She smiled."
+    capture = hand_made_capture(
+        text, resolving={(0, 0): "met", (0, 1): "Lily", (1, 0): "Zed", (1, 1): "dog"},
+        deciding={(0, 0): "Zed", (0, 1): "dog", (1, 0): "met", (1, 1): "Lily"})
+    (reading,) = read_pronouns(capture, k=2)
+    assert reading.skipped == {} and list(reading.positions) == ["deciding", "resolving"]
+    she = text.index("She")
+    deciding, resolving = reading.positions["deciding"], reading.positions["resolving"]
+    assert deciding.query == she - 1 and capture.tokens[deciding.query] == " "
+    assert resolving.query == she + 2  # the pronoun's last token (its rows are averaged)
+    words = capture.words
+    for head_reading, targets in ((deciding, ["Zed", "dog", "met", "Lily"]),
+                                  (resolving, ["met", "Lily", "Zed", "dog"])):
+        tops = [(words[top[0][0]], top[0][1]) for row in head_reading.top for top in row]
+        assert tops == [(w, pytest.approx(1.0)) for w in targets]
+    assert {(layer, head): words[w] for layer, head, w, _ in deciding.name_heads} == \
+        {(0, 0): "Zed", (1, 1): "Lily"}
+    lines = pronoun_summary(capture, [reading])
+    assert lines[0].startswith(f"'She' at character {she}, deciding (from ' ' before 'She'): "
+                               "2/4 heads point at a name: L0H0 -> Zed 1.00, L1H1 -> Lily 1.00")
+    assert lines[1].startswith(f"'She' at character {she}, resolving (from 'She'): 2/4 heads")
+
+
+def test_a_pronoun_that_opens_the_text_has_no_deciding_reading_and_the_rest_is_kept():
+    text = "She smiled. Then Lily saw her."
+    tokenizer = CharTokenizer.train([text])
+    model = tiny_model(tokenizer.vocab_size)
+    capture = capture_attention(model, tokenizer, text)
+    first, her = read_pronouns(capture)
+    assert first.pronoun == "She" and first.positions == {}
+    assert first.skipped["deciding"] == "it is the first token of the text, so no token chooses it"
+    assert first.skipped["resolving"] == "no earlier word in view"
+    assert her.pronoun == "her" and her.skipped == {}
+    assert capture.tokens[her.positions["deciding"].query] == " "
+    lines = pronoun_summary(capture, [first, her])
+    assert lines[0] == ("'She' at character 0, deciding: skipped: it is the first token of the "
+                        "text, so no token chooses it")
+    assert len(lines) == 4 and lines[2].startswith("'her' at character 26, deciding (from ' '")
+
+
+def test_key_words_sums_each_words_tokens_for_one_query_row():
+    token_words = [0, 0, -1, 1]
+    row = np.array([[0.1, 0.2, 0.3, 0.4]])  # (Q=1, T=4)
+    np.testing.assert_allclose(key_words(row, token_words, 2), [[0.3, 0.4]])
 
 
 def test_names_are_listed_or_capitalised_mid_sentence_words():
@@ -146,4 +203,14 @@ def test_inspection_writes_tensorboard_images_text_png_and_npz(tokenizer, tmp_pa
     t = len(tokenizer.encode(text))
     assert saved["weights"].shape == (2, 2, t, t) and list(saved["tokens"]) == \
         tokenizer.token_strings(tokenizer.encode(text))
-    assert "She" in (tmp_path / "pronouns.md").read_text()
+    table = (tmp_path / "pronouns.md").read_text()
+    assert "'She' at character 31, deciding (from '.' before 'She')" in table
+    assert "'She' at character 31, resolving (from 'She')" in table
+    record = json.loads((tmp_path / "inspect.json").read_text())
+    (she,) = [p for p in record["pronouns"] if p["pronoun"] == "She"]
+    assert she["char"] == 31 and she["skipped"] == {}
+    assert she["deciding"]["query"] == "." and she["resolving"]["query"] == " She"
+    for position in ("deciding", "resolving"):
+        heads = she[position]["heads"]
+        assert [(h["layer"], h["head"]) for h in heads] == [(0, 0), (0, 1), (1, 0), (1, 1)]
+        assert all(0 <= w["weight"] <= 1 and w["word"] in text for h in heads for w in h["top"])

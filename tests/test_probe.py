@@ -16,16 +16,19 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 from torch import nn
 
 from tinylm.config import config_dir, project_root, to_dataclass
+from tinylm.deciding import evidence, prediction_match
 from tinylm.inspection import NAMES, find_words
 from tinylm.model import LMOutput, TinyLM
 from tinylm.probe import (
     EncodedAgreementItem,
+    EncodedAttentionItem,
     ProbeConfig,
     ProbeFileError,
     ablate_heads,
     agreement_margins,
     attention_to_mentions,
     baselines,
+    deciding_report,
     encode_agreement_item,
     encode_attention_item,
     head_accuracy,
@@ -33,6 +36,7 @@ from tinylm.probe import (
     mention_attention,
     new_word_tokens,
     parse_item,
+    probe,
     run_probe,
     word_log_probs,
 )
@@ -243,6 +247,167 @@ def test_ablating_the_head_that_carries_the_name_removes_the_margin_and_the_othe
     assert unused["mean_margin"] == pytest.approx(float(base.mean()))
 
 
+# ---- the deciding position ----------------------------------------------------------------------
+
+def test_deciding_attention_is_read_from_the_token_before_the_pronoun():
+    # tokens: "Li" "ly" " and" " Tom" "." " s" "he": words Lily 0, and 1, Tom 2, she 3
+    token_words = [0, 0, 1, 2, -1, 3, 3]
+    t = len(token_words)
+    weights = np.tril(np.ones((1, 1, t, t)))
+    weights /= weights.sum(-1, keepdims=True)
+    weights[0, 0, 4] = [0.1, 0.2, 0.0, 0.6, 0.1, 0, 0]  # ".": the row that predicts " s"
+    weights[0, 0, 5:] = [[0.5, 0.5, 0, 0, 0, 0, 0], [0.5, 0.5, 0, 0, 0, 0, 0]]  # from "she"
+    lily, tom = (attention_to_mentions(weights, token_words, 4, 3, [w], "deciding")
+                 for w in (0, 2))
+    assert lily[0, 0] == pytest.approx(0.3) and tom[0, 0] == pytest.approx(0.6)
+    resolving = attention_to_mentions(weights, token_words, 4, 3, [0])
+    assert resolving[0, 0] == pytest.approx(1.0)
+    with pytest.raises(ValueError, match="first token"):  # nothing before it decides it
+        attention_to_mentions(weights[..., 5:, 5:], [3, 3], 4, 3, [0], "deciding")
+
+
+def test_prediction_match_compares_signs_and_correlates_the_two_sides():
+    diff = np.array([[[0.5, -0.1]], [[-0.2, 0.3]], [[0.1, 0.2]], [[-0.4, 0.0]]])  # (N=4, 1, 2)
+    preference = np.array([2.0, -1.0, 0.5, -3.0])
+    match, correlation = prediction_match(diff, preference)
+    # head 0 agrees in sign on every item; head 1 on item 3 only (0 counts as not positive)
+    np.testing.assert_allclose(match, [[1.0, 0.5]])
+    np.testing.assert_allclose(correlation[0, 0], np.corrcoef(diff[:, 0, 0], preference)[0, 1])
+    _, flat = prediction_match(np.zeros((3, 1, 1)), np.array([1.0, -1.0, 2.0]))
+    assert np.isnan(flat[0, 0])  # attention that does not vary has no correlation
+
+
+def test_evidence_flags_heads_high_on_both_attention_and_margin_loss():
+    attention = [{"layer": 0, "head": h, "mean_attention": a}
+                 for h, a in enumerate([0.6, 0.5, 0.1, 0.1, 0.1, 0.1, 0.1, 0.1])]
+    ablation = [{"layer": 0, "head": h, "delta_mean_margin": d}
+                for h, d in enumerate([-1.0, 0.0, -0.5, 0.0, 0.0, 0.0, 0.0, 0.0])]
+    rows = evidence(attention, ablation)
+    # twice the median attention (0.2): heads 0 and 1; a loss of 0.1 nats or more: 0 and 2
+    assert [r["agrees"] for r in rows] == [True] + [False] * 7
+    assert rows[2] == {"layer": 0, "head": 2, "mean_attention": 0.1, "delta_mean_margin": -0.5,
+                       "agrees": False}
+    small = [{**a, "delta_mean_margin": -0.05} for a in ablation]  # a loss that is only noise
+    assert not any(r["agrees"] for r in evidence(attention, small))
+
+
+FIRST, ONE = 6, 7  # embedding dims: "at position 0" and a constant
+
+
+def deciding_model() -> TinyLM:
+    """One layer, four heads of 8 dims, built so that the pronoun is decided by attention to the
+    name.
+
+    Embeddings are one-hot (x3): F, M, she, he, '.', 'x' on dims 0..5, every token also 3 on dim
+    7 (a constant) and position 0 also 3 on dim 6. Head 0 looks from '.' at the names (query: the
+    '.' dim, key: the F and M dims) and carries (F - M) to +she / -he. Pre-norm LayerNorm makes a
+    name at position 0 a little weaker as a key, so with two names head 0 prefers the later one,
+    and so does the model. Head 1 always looks at the first token (query: the constant, key: the
+    position-0 dim); heads 2 and 3 spread evenly (q = k = 0). The outputs of heads 1..3 are thrown
+    away, and the MLP is zero.
+    """
+    model = tiny_model(6, block_size=16, n_layer=1, n_head=4, n_embd=32, seed=1)
+    c = 32  # rows of qkv_proj: q | k | v, each head's 8 in turn; out_proj columns likewise
+    with torch.no_grad():
+        model.wte.weight.zero_()
+        model.wte.weight[:, :6] = 3 * torch.eye(6)
+        model.wte.weight[:, ONE] = 3.0
+        model.wpe.weight.zero_()
+        model.wpe.weight[0, FIRST] = 3.0
+        attn, mlp = model.blocks[0].attn, model.blocks[0].mlp
+        qkv = attn.qkv_proj.weight  # (3C, C)
+        qkv.zero_()
+        qkv[0, DOT] = 4.0  # head 0 query
+        qkv[c, F], qkv[c, M] = 4.0, 4.0  # head 0 key: a name
+        qkv[2 * c, F], qkv[2 * c, M] = 1.0, -1.0  # head 0 value: which name
+        qkv[8, ONE] = 4.0  # head 1 query: everywhere
+        qkv[c + 8, FIRST] = 4.0  # head 1 key: position 0
+        qkv[2 * c + 8, X] = 1.0  # head 1 value: something that never reaches the output
+        out = attn.out_proj.weight  # (C, C)
+        out.zero_()
+        out[SHE, 0], out[HE, 0] = 10.0, -10.0
+        mlp.proj.weight.zero_()
+    return model
+
+
+def names_item(ids, name_positions, distractor_positions=()):
+    """An item over the hand-built vocabulary: one word per token, '.' none, the pronoun last."""
+    token_words, word = [], 0
+    for token in ids:
+        token_words.append(-1 if token == DOT else word)
+        word += token != DOT
+    return EncodedAttentionItem(list(ids), token_words, word, token_words[-1],
+                                [token_words[p] for p in name_positions],
+                                [token_words[p] for p in distractor_positions])
+
+
+def test_a_model_built_to_decide_at_the_name_shows_it_in_every_deciding_reading():
+    model = deciding_model()
+    new_word = torch.tensor([False, False, False, False, True, False])  # "." ends a word
+    # agreement items: the name first (two of them) or later (two)
+    sequences = [([F, X, X, DOT], SHE, HE, 0), ([M, X, DOT], HE, SHE, 0),
+                 ([X, F, X, DOT], SHE, HE, 1), ([X, X, M, DOT], HE, SHE, 2)]
+    names = [names_item(context + [written], [name]) for context, written, _, name in sequences]
+    agreement = [EncodedAgreementItem(context + [written], context + [wrong], len(context))
+                 for context, written, wrong, _ in sequences]
+    # two-character items: the antecedent first or second; the model prefers the later name
+    pairs = [([F, X, M, X, DOT, SHE], 0, 2), ([M, X, F, X, DOT, SHE], 2, 0),
+             ([F, X, M, DOT, HE], 2, 0), ([M, X, F, DOT, HE], 0, 2)]
+    characters = [names_item(ids, [a], [d]) for ids, a, d in pairs]
+    preference = [EncodedAgreementItem(ids, ids[:-1] + [HE if ids[-1] == SHE else SHE],
+                                       len(ids) - 1) for ids, _, _ in pairs]
+    margins = agreement_margins(model, preference, new_word)
+    assert (margins.numpy() > 0).tolist() == [False, True, True, False]  # the later name wins
+
+    report = deciding_report(model, names, characters, [0, 1, 2, 3], preference, new_word)
+    assert report["n_agreement"] == 4 and report["n_name_first_word"] == 2
+    assert report["n_attention"] == 4 and report["n_attention_left_out"] == 0
+    carrier, first, even, _ = report["agreement_attention"]
+    assert [(e["layer"], e["head"]) for e in report["agreement_attention"]] == [
+        (0, 0), (0, 1), (0, 2), (0, 3)]
+    assert carrier["mean_attention"] > 0.99  # from '.' to the name, wherever it stands
+    assert carrier["mean_attention_name_first_word"] > 0.99
+    assert carrier["mean_attention_name_later"] > 0.99
+    # the control: a head that looks at the first token scores high only when the name is first
+    assert first["mean_attention_name_first_word"] > 0.99
+    assert first["mean_attention_name_later"] < 0.01
+    assert first["mean_attention"] == pytest.approx(0.5, abs=0.01)
+    # even attention gives a one-token name 1 / (tokens so far) at the '.'
+    assert even["mean_attention"] == pytest.approx((1 / 4 + 1 / 3 + 1 / 4 + 1 / 4) / 4, abs=1e-6)
+    matched = {e["head"]: e for e in report["prediction_match"]}
+    assert matched[0]["match"] == 1.0 and matched[0]["correlation"] > 0.9  # attention predicts
+    assert matched[1]["match"] == 0.0 and matched[1]["correlation"] < -0.9  # the first, wrongly
+    # even attention never prefers either character: half the signs match, r undefined
+    assert matched[2]["match"] == 0.5 and matched[2]["correlation"] is None
+
+    ablation = ablate_heads(model, agreement, new_word)
+    rows = evidence(report["agreement_attention"], ablation)
+    assert [r["agrees"] for r in rows] == [True, False, False, False]
+    assert rows[0]["delta_mean_margin"] < -1.0
+    assert all(abs(r["delta_mean_margin"]) < 1e-6 for r in rows[1:])
+
+
+def test_her_has_no_derived_wrong_pronoun_and_is_left_out_of_the_match_and_counted(bpe):
+    lines = [item("Lily and Tom went to the park. She saw a big red ball.", "She", ["Lily"],
+                  ["Tom"]),
+             item("Tom and Mia went to the park. A dog ran to her.", "her", ["Mia"], ["Tom"]),
+             item("Tom and Mia went to the park. A dog ran to her.", "her", ["Mia"], ["Tom"],
+                  wrong="him"),
+             item("Lily went to the park. After a while, she saw a big dog.", "she", ["Lily"],
+                  wrong="he")]
+    items = [parse_item(x, f"t{n}") for n, x in enumerate(lines)]
+    report = probe(tiny_model(bpe.vocab_size), bpe, items, ablate=True)
+    d = report["deciding"]
+    assert d["n_attention"] == 2 and d["n_attention_left_out"] == 1 and d["n_agreement"] == 1
+    assert len(d["prediction_match"]) == 4 and len(report["evidence"]) == 4
+    assert set(report["best_deciding"]) == {"layer", "head", "mean_attention"}
+    assert report["best_deciding"]["mean_attention"] == max(
+        e["mean_attention"] for e in d["agreement_attention"])
+    # the derived wrong pronoun follows the written one's case: "She" is compared with "He"
+    enc = encode_agreement_item(bpe, items[0], 64, "he")
+    assert bpe.decode(enc.wrong[enc.n_context:]) == " He"
+
+
 # ---- probe files --------------------------------------------------------------------------------
 
 def test_shipped_attention_probes_load_and_are_balanced():
@@ -271,6 +436,9 @@ def test_shipped_agreement_probes_load_and_balance_she_and_he_over_three_forms()
     counts = Counter((form[i.pronoun.lower(), i.wrong_pronoun], i.pronoun.lower() in female)
                      for i in items)
     assert len(counts) == 6 and len(set(counts.values())) == 1  # every (form, gender) equally
+    # the control of the deciding position needs both: the name first in the text, and later
+    first = Counter(min(i.antecedent_chars) == 0 for i in items)
+    assert first[True] >= 30 and first[False] >= 30
     for i in items:  # one named character, frequent in TinyStories
         names = {i.text[c:c + 10].split()[0].strip(".,") for c in i.antecedent_chars}
         assert len(names) == 1 and names <= NAMES
@@ -291,6 +459,8 @@ BAD_LINES = [
     (item("Lily ran. She sat.", "She", ["Lily"]), "missing wrong_pronoun"),
     (item("Lily ran. She sat.", "She", ["Lily"], wrong="xe"), "wrong_pronoun='xe' is not a known"),
     (item("Lily ran. She sat.", "She", ["Lily"], wrong="she"), "is the pronoun in the text"),
+    (item("Lily and Tom ran. She sat.", "She", ["Lily"], ["Tom"], wrong="ze"),
+     "wrong_pronoun='ze' is not a known"),  # a two-character item's, for the prediction match
     (item("Lily ran. She sat.", "She", ["Lily"]) | {"antecedent_chars": []}, "non-empty list"),
 ]
 
@@ -376,8 +546,12 @@ def test_cli_scores_heads_agreement_and_ablation_into_json_and_tensorboard(run_d
     assert result.returncode == 0, result.stderr
     out = result.stdout
     assert "best head: layer" in out and "nearest mention 0.50, first mention 0.50" in out
-    assert "agreement: 72 one-character items, accuracy" in out
+    assert "agreement: 108 one-character items, accuracy" in out
     assert "ablation: each head zeroed in turn" in out
+    # the deciding position comes first: the evidence table, then the resolving scores
+    assert out.index("evidence: ") < out.index("deciding: ") < out.index("resolving: ")
+    assert "prediction match: 54 two-character items" in out
+    assert "prediction match: 18 two-character items left out" in out
     assert list(tmp_path.iterdir()) == []  # nothing in the working directory
     (logdir,) = (run_dir / "probe").iterdir()  # defaults: inside the run directory
     report = json.loads((logdir / "probe.json").read_text())
@@ -387,11 +561,22 @@ def test_cli_scores_heads_agreement_and_ablation_into_json_and_tensorboard(run_d
     assert report["best"]["accuracy"] == max(h["accuracy"] for h in report["heads"])
     assert report["baselines"] == {"nearest mention": 0.5, "first mention": 0.5}
     agreement = report["agreement"]
-    assert agreement["n"] == 72 and 0.0 <= agreement["accuracy"] <= 1.0
+    assert agreement["n"] == 108 and 0.0 <= agreement["accuracy"] <= 1.0
     margins = [x["margin"] for x in agreement["items"]]
     assert agreement["mean_margin"] == pytest.approx(np.mean(margins))
     assert agreement["accuracy"] == pytest.approx(np.mean([m > 0 for m in margins]))
     assert len(report["ablation"]) == 4
+    deciding = report["deciding"]
+    assert deciding["n_agreement"] == 108 and deciding["n_name_first_word"] == 64
+    assert [set(e) for e in deciding["agreement_attention"]] == [
+        {"layer", "head", "mean_attention", "mean_attention_name_first_word",
+         "mean_attention_name_later"}] * 4
+    assert [set(e) for e in deciding["prediction_match"]] == [
+        {"layer", "head", "match", "correlation"}] * 4
+    assert [set(e) for e in report["evidence"]] == [
+        {"layer", "head", "mean_attention", "delta_mean_margin", "agrees"}] * 4
+    best = max(deciding["agreement_attention"], key=lambda e: e["mean_attention"])
+    assert report["best_deciding"] == {k: best[k] for k in ("layer", "head", "mean_attention")}
     for e in report["ablation"]:
         assert e["method"] == "zeroed"
         assert e["delta_mean_margin"] == pytest.approx(e["mean_margin"] - agreement["mean_margin"])
@@ -400,10 +585,12 @@ def test_cli_scores_heads_agreement_and_ablation_into_json_and_tensorboard(run_d
     assert len(table) == 2 + 3 + 1  # title, header, top_heads rows, the timing line
     events = EventAccumulator(str(logdir), size_guidance={"images": 0, "tensors": 0})
     events.Reload()
-    assert {"probe/attention_accuracy", "probe/ablation_delta_mean_margin",
-            "probe/ablation_delta_accuracy"} <= set(events.Tags()["images"])
+    grids = ["attention_accuracy", "ablation_delta_mean_margin", "ablation_delta_accuracy",
+             "deciding_attention", "deciding_attention_name_first_word",
+             "deciding_attention_name_later", "prediction_match", "prediction_correlation"]
+    assert {f"probe/{name}" for name in grids} <= set(events.Tags()["images"])
     assert "probe/report/text_summary" in events.Tags()["tensors"]
-    for name in ("attention_accuracy", "ablation_delta_mean_margin", "ablation_delta_accuracy"):
+    for name in grids:
         assert (logdir / "probe" / f"{name}.png").read_bytes().startswith(b"\x89PNG")
 
 

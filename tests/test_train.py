@@ -180,6 +180,8 @@ def test_tensorboard_holds_the_promised_scalars_text_images_and_hparams(full_run
             "val/loss", "val/perplexity"} <= set(tags["scalars"])
     assert {"attention/layer_00", "attention/layer_01"} <= set(tags["images"])
     assert [e.step for e in events.Images("attention/layer_01")] == [10, 20, 30]
+    # at each evaluation: attention from the token before the pronoun to the name, per head
+    assert [e.step for e in events.Images("probe/deciding_attention")] == [10, 20, 30]
     assert "samples/text/text_summary" in tags["tensors"]
     sample = events.Tensors("samples/text/text_summary")[-1].tensor_proto.string_val[0].decode()
     assert sample.startswith("```\nOnce upon a time")

@@ -77,7 +77,7 @@ def test_built_wheel_in_a_fresh_venv_trains_offline_in_an_empty_directory(tmp_pa
         str(package / "conf"), "tinyshakespeare", "char", "128", "7",
         # the shipped probe sets travel in the wheel: tinylm-probe needs no probe_file=
         f"{package / 'probes' / 'pronouns.jsonl'}:72",
-        f"{package / 'probes' / 'agreement.jsonl'}:72"]
+        f"{package / 'probes' / 'agreement.jsonl'}:108"]
 
     done = subprocess.run([venv / "bin" / "tinylm-train", *TINY], cwd=empty, env=OFFLINE,
                           capture_output=True, text=True, timeout=300)

@@ -11,6 +11,11 @@ it directly:
 Tokens are mapped to words through the tokenizer's character offsets. Word-level attention *to*
 a word sums the weights of its sub-word tokens (the share of attention the word gets); attention
 *from* a word averages its tokens' rows (so each row still sums to at most 1).
+
+Each pronoun is read from two query positions. "Resolving": from the pronoun itself, where the
+model looks once it has read it (what BERT studies measure). "Deciding": from the token just before
+it, where a causal model looks when it chooses the pronoun; its logits predict the pronoun, so
+this is where a name's gender has to arrive.
 """
 
 from __future__ import annotations
@@ -97,12 +102,12 @@ def token_word_index(offsets: Sequence[tuple[int, int]],
     return result
 
 
-def word_level(weights: np.ndarray | torch.Tensor, token_words: Sequence[int],
-               n_words: int) -> np.ndarray:
-    """Token attention (..., T, T) -> word attention (..., n_words, n_words).
+def key_words(weights: np.ndarray | torch.Tensor, token_words: Sequence[int],
+              n_words: int) -> np.ndarray:
+    """Token attention (..., Q, T) -> attention to words (..., Q, n_words).
 
-    Column j sums the weights on word j's tokens; row i averages the rows of word i's tokens.
-    Tokens outside every word (token_words == -1) are left out.
+    Column j sums the weights on word j's tokens (the share of attention the word gets). Tokens
+    outside every word (token_words == -1) are left out.
     """
     weights = np.asarray(weights, dtype=np.float64)
     t = weights.shape[-1]
@@ -112,9 +117,28 @@ def word_level(weights: np.ndarray | torch.Tensor, token_words: Sequence[int],
     for token, word in enumerate(token_words):
         if word >= 0:
             to_word[token, word] = 1.0
-    counts = to_word.sum(axis=0)  # tokens per word
-    mean_rows = (to_word / np.maximum(counts, 1.0)).T  # (W, T): average a word's query rows
-    return mean_rows @ weights @ to_word  # (..., W, W)
+    return weights @ to_word  # (..., Q, W)
+
+
+def word_level(weights: np.ndarray | torch.Tensor, token_words: Sequence[int],
+               n_words: int) -> np.ndarray:
+    """Token attention (..., T, T) -> word attention (..., n_words, n_words).
+
+    Column j sums the weights on word j's tokens; row i averages the rows of word i's tokens.
+    Tokens outside every word (token_words == -1) are left out.
+    """
+    to_word = key_words(np.eye(len(token_words)), token_words, n_words)  # (T, W): one-hot
+    mean_rows = (to_word / np.maximum(to_word.sum(axis=0), 1.0)).T  # (W, T): average a word's rows
+    return mean_rows @ key_words(weights, token_words, n_words)  # (..., W, W)
+
+
+def deciding_token(token_words: Sequence[int], word: int) -> int | None:
+    """The token that predicts `word`'s first token: the one just before it (None: there is none).
+
+    In a causal LM a word is chosen there, one position before the model has read it.
+    """
+    first = list(token_words).index(word)
+    return first - 1 if first > 0 else None
 
 
 def is_name(text: str, word_spans: Sequence[tuple[int, int]], i: int) -> bool:
@@ -160,34 +184,74 @@ def capture_attention(model, tokenizer, text: str, keep: str = "first") -> Atten
 
 
 @dataclass
-class PronounReading:
-    """Where each head's attention goes from one pronoun, at word level."""
+class HeadReading:
+    """Where every head's attention goes from one query position, over the earlier words."""
 
-    word: int  # the pronoun's word index
-    pronoun: str
-    char: int  # its first character in the text
+    query: int  # the query token (resolving: the pronoun's last; its tokens' rows are averaged)
     top: list[list[list[tuple[int, float]]]]  # [layer][head]: [(earlier word, weight)], best first
     name_heads: list[tuple[int, int, int, float]]  # (layer, head, word, weight) whose top is a name
 
 
+# The two query positions a pronoun is read from, in the order they are shown.
+QUERY_POSITIONS = {
+    "deciding": "where the model chooses the pronoun",
+    "resolving": "where the model looks once it has read the pronoun",
+}
+
+
+@dataclass
+class PronounReading:
+    """Where each head looks, at word level, from a pronoun and from the token that predicts it."""
+
+    word: int  # the pronoun's word index
+    pronoun: str
+    char: int  # its first character in the text
+    positions: dict[str, HeadReading]  # "deciding", "resolving": those that could be read
+    skipped: dict[str, str]  # the other positions: why they have no reading
+
+
+def _head_reading(capture: AttentionCapture, query: int, rows: np.ndarray, earlier: list[int],
+                  k: int) -> HeadReading:
+    """Rank each head's attention to the earlier words; rows (L, nh, n_earlier)."""
+    order = np.argsort(-rows, axis=-1, kind="stable")[..., :k]
+    top = [[[(earlier[j], float(rows[layer, head, j])) for j in order[layer, head]]
+            for head in range(rows.shape[1])] for layer in range(rows.shape[0])]
+    name_heads = [(layer, head, w, v) for layer, row in enumerate(top)
+                  for head, ((w, v), *_) in enumerate(row)
+                  if is_name(capture.text, capture.word_spans, w)]
+    return HeadReading(query, top, name_heads)
+
+
 def read_pronouns(capture: AttentionCapture, k: int = 3) -> list[PronounReading]:
-    """For each pronoun with earlier words in view: every head's k most-attended earlier words."""
+    """For each pronoun in view: every head's k most-attended earlier words, deciding and
+    resolving; a position that cannot be read is listed in `skipped` with the reason."""
     words = capture.words
     seen = set(capture.token_words)  # words with at least one token inside the window
     word_weights = word_level(capture.weights, capture.token_words, len(words))  # (L, nh, W, W)
+    to_words = key_words(capture.weights, capture.token_words, len(words))  # (L, nh, T, W)
     readings = []
     for p, word in enumerate(words):
-        earlier = [w for w in range(p) if w in seen]
-        if word not in PRONOUNS or p not in seen or not earlier:
+        if word not in PRONOUNS or p not in seen:
             continue
-        rows = word_weights[..., p, earlier]  # (L, nh, n_earlier)
-        order = np.argsort(-rows, axis=-1, kind="stable")[..., :k]
-        top = [[[(earlier[j], float(rows[layer, head, j])) for j in order[layer, head]]
-                for head in range(rows.shape[1])] for layer in range(rows.shape[0])]
-        name_heads = [(layer, head, w, v) for layer, row in enumerate(top)
-                      for head, ((w, v), *_) in enumerate(row)
-                      if is_name(capture.text, capture.word_spans, w)]
-        readings.append(PronounReading(p, word, capture.word_spans[p][0], top, name_heads))
+        earlier = [w for w in range(p) if w in seen]
+        positions, skipped = {}, {}
+        decider = deciding_token(capture.token_words, p)
+        if decider is None:
+            skipped["deciding"] = ("it is the first token of the text, so no token chooses it"
+                                   if capture.start == 0 else
+                                   "it is the first token in view, so the token that chooses it "
+                                   "is not in the window")
+        elif earlier:
+            positions["deciding"] = _head_reading(capture, decider,
+                                                  to_words[:, :, decider, earlier], earlier, k)
+        if earlier:
+            last = max(t for t, w in enumerate(capture.token_words) if w == p)
+            positions["resolving"] = _head_reading(capture, last, word_weights[..., p, earlier],
+                                                   earlier, k)
+        for position in QUERY_POSITIONS:
+            if position not in positions and position not in skipped:
+                skipped[position] = "no earlier word in view"
+        readings.append(PronounReading(p, word, capture.word_spans[p][0], positions, skipped))
     return readings
 
 
@@ -197,40 +261,82 @@ def _md(text: str) -> str:
     return text.replace("\n", " ")
 
 
+def query_label(capture: AttentionCapture, reading: PronounReading, position: str) -> str:
+    """Which token a position reads from, in words: "from '.' before 'She'", "from 'She'"."""
+    if position == "resolving":
+        return f"from {reading.pronoun!r}"
+    return f"from {capture.tokens[reading.positions[position].query]!r} before {reading.pronoun!r}"
+
+
 def pronoun_table(capture: AttentionCapture, reading: PronounReading) -> str:
-    """Markdown table: one row per head, its top earlier words with their weights."""
+    """Markdown tables, deciding then resolving: one row per head, its top earlier words."""
     words = capture.words
-    k = max(len(ws) for row in reading.top for ws in row)
-    lines = [f"**{_md(reading.pronoun)}** (word {reading.word}, character {reading.char}): "
-             "attention to earlier words, summed over sub-word tokens; *name* in italics", "",
-             "| layer | head | " + " | ".join(f"top {i + 1}" for i in range(k)) + " |",
-             "|---|---|" + "---|" * k]
-    for layer, row in enumerate(reading.top):
-        for head, ranked in enumerate(row):
-            cells = []
-            for w, v in ranked:
-                name = _md(words[w])
-                if is_name(capture.text, capture.word_spans, w):
-                    name = f"*{name}*"
-                cells.append(f"{name} {v:.2f}")
-            lines.append(f"| {layer} | {head} | " + " | ".join(cells) + " |")
-    return "\n".join(lines)
+    parts = [f"**{_md(reading.pronoun)}** (word {reading.word}, character {reading.char}): "
+             "attention to earlier words, summed over sub-word tokens; *name* in italics"]
+    for position, why in QUERY_POSITIONS.items():
+        if position in reading.skipped:
+            parts.append(f"{position}: skipped: {_md(reading.skipped[position])}")
+            continue
+        top = reading.positions[position].top
+        k = max(len(ws) for row in top for ws in row)
+        lines = [f"{position} ({_md(query_label(capture, reading, position))}: {why})", "",
+                 "| layer | head | " + " | ".join(f"top {i + 1}" for i in range(k)) + " |",
+                 "|---|---|" + "---|" * k]
+        for layer, row in enumerate(top):
+            for head, ranked in enumerate(row):
+                cells = []
+                for w, v in ranked:
+                    name = _md(words[w])
+                    if is_name(capture.text, capture.word_spans, w):
+                        name = f"*{name}*"
+                    cells.append(f"{name} {v:.2f}")
+                lines.append(f"| {layer} | {head} | " + " | ".join(cells) + " |")
+        parts.append("\n".join(lines))
+    return "\n\n".join(parts)
 
 
 def pronoun_summary(capture: AttentionCapture, readings: Sequence[PronounReading]) -> list[str]:
-    """One console line per pronoun: the heads whose most-attended earlier word is a name."""
+    """Console lines per pronoun, deciding then resolving: the heads whose most-attended earlier
+    word is a name, or why a position was skipped."""
     words = capture.words
     n_heads = capture.weights.shape[0] * capture.weights.shape[1]
     lines = []
     for r in readings:
-        if r.name_heads:
-            heads = ", ".join(f"L{layer}H{head} -> {words[w]} {v:.2f}"
-                              for layer, head, w, v in sorted(r.name_heads, key=lambda x: -x[3]))
-            lines.append(f"{r.pronoun!r} at character {r.char}: {len(r.name_heads)}/{n_heads} "
-                         f"heads point at a name: {heads}")
-        else:
-            lines.append(f"{r.pronoun!r} at character {r.char}: no head's top word is a name")
+        for position in QUERY_POSITIONS:
+            head = f"{r.pronoun!r} at character {r.char}, {position}"
+            if position in r.skipped:
+                lines.append(f"{head}: skipped: {r.skipped[position]}")
+                continue
+            found = sorted(r.positions[position].name_heads, key=lambda x: -x[3])
+            where = query_label(capture, r, position)
+            if found:
+                heads = ", ".join(f"L{layer}H{h} -> {words[w]} {v:.2f}"
+                                  for layer, h, w, v in found)
+                lines.append(f"{head} ({where}): {len(found)}/{n_heads} heads point at a name: "
+                             f"{heads}")
+            else:
+                lines.append(f"{head} ({where}): no head's top word is a name")
     return lines
+
+
+def pronoun_records(capture: AttentionCapture, readings: Sequence[PronounReading]) -> list[dict]:
+    """The readings as JSON-ready records (inspect.json): words by text, names flagged."""
+    words = capture.words
+
+    def heads(reading: HeadReading) -> list[dict]:
+        return [{"layer": layer, "head": head,
+                 "top": [{"word": words[w], "word_index": w, "weight": v,
+                          "name": is_name(capture.text, capture.word_spans, w)}
+                         for w, v in ranked]}
+                for layer, row in enumerate(reading.top) for head, ranked in enumerate(row)]
+
+    return [{"pronoun": r.pronoun, "word_index": r.word, "char": r.char,
+             **{position: ({"query_token": r.positions[position].query,
+                            "query": capture.tokens[r.positions[position].query],
+                            "heads": heads(r.positions[position])}
+                           if position in r.positions else None)
+                for position in QUERY_POSITIONS},
+             "skipped": r.skipped} for r in readings]
 
 
 def tokens_table(capture: AttentionCapture) -> str:
@@ -246,12 +352,13 @@ def tokens_table(capture: AttentionCapture) -> str:
 
 def write_inspection(capture: AttentionCapture, logdir: str | Path, prompt_chars: int = 0,
                      top_words: int = 3, meta: dict | None = None) -> list[str]:
-    """Write one text's attention to TensorBoard, PNG files and attention.npz in `logdir`.
+    """Write one text's attention to TensorBoard, PNG files, attention.npz, pronouns.md and
+    inspect.json (`meta` and the pronoun readings) in `logdir`.
 
     TensorBoard tags: attention/layer_LL/all_heads, attention/layer_LL/head_HH (images),
-    pronouns/NN_<pronoun> (bar chart image and markdown table), text/generated, text/tokens,
-    pronouns/summary (text). PNG files mirror the image tags (attention/layer_00/head_03.png).
-    Returns the console summary lines.
+    pronouns/NN_<pronoun> (bar charts, deciding beside resolving, and markdown tables),
+    text/generated, text/tokens, pronouns/summary (text). PNG files mirror the image tags
+    (attention/layer_00/head_03.png). Returns the console summary lines.
     """
     from torch.utils.tensorboard import SummaryWriter
 
@@ -300,10 +407,15 @@ def write_inspection(capture: AttentionCapture, logdir: str | Path, prompt_chars
         for n, r in enumerate(readings):
             tag = f"pronouns/{n:02d}_{r.pronoun}"
             writer.add_text(tag, pronoun_table(capture, r), 0)
-            top = [[[(words[w], v) for w, v in ranked] for ranked in row] for row in r.top]
-            names = {words[w] for row in r.top for ranked in row for w, _ in ranked
+            if not r.positions:
+                continue  # nothing earlier to look at: the table says why
+            panels = {f"{position}: {query_label(capture, r, position)}":
+                      [[[(words[w], v) for w, v in ranked] for ranked in row]
+                       for row in reading.top] for position, reading in r.positions.items()}
+            names = {words[w] for reading in r.positions.values() for row in reading.top
+                     for ranked in row for w, _ in ranked
                      if is_name(capture.text, capture.word_spans, w)}
-            fig = pronoun_bar_figure(r.pronoun, top, f"{r.pronoun!r} at character {r.char}", names)
+            fig = pronoun_bar_figure(panels, f"{r.pronoun!r} at character {r.char}", names)
             log_figure(writer, tag, fig, png_dir=logdir)
     finally:
         writer.close()
@@ -316,8 +428,8 @@ def write_inspection(capture: AttentionCapture, logdir: str | Path, prompt_chars
         start=np.array(capture.start), n_text_tokens=np.array(capture.n_text_tokens))
     (logdir / "pronouns.md").write_text(
         "\n\n".join([*summary, *(pronoun_table(capture, r) for r in readings)]) + "\n")
-    if meta is not None:
-        (logdir / "inspect.json").write_text(json.dumps(meta, indent=2, default=str) + "\n")
+    record = {**(meta or {}), "pronouns": pronoun_records(capture, readings)}
+    (logdir / "inspect.json").write_text(json.dumps(record, indent=2, default=str) + "\n")
     return notes + summary
 
 

@@ -134,37 +134,42 @@ def attention_head_figure(weights: np.ndarray, tokens: Sequence[str], title: str
     return fig
 
 
-def pronoun_bar_figure(pronoun: str, top_words: Sequence[Sequence[Sequence[tuple[str, float]]]],
+def pronoun_bar_figure(panels: dict[str, Sequence[Sequence[Sequence[tuple[str, float]]]]],
                        title: str = "", names: Collection[str] = ()) -> Figure:
-    """Bar chart for one pronoun: top_words[layer][head] = [(word, weight), ...], best first.
+    """Bar charts for one pronoun, one panel per query position (e.g. deciding, resolving), side
+    by side: panels[label][layer][head] = [(word, weight), ...], best first.
 
     One group of bars per head (layer 0 head 0 at the top), one bar per earlier word the head's
-    attention from the pronoun goes to most, labelled with the word; `names` are drawn orange.
+    attention goes to most, labelled with the word; `names` are drawn orange.
     """
-    heads = [(layer, head, words) for layer, row in enumerate(top_words)
-             for head, words in enumerate(row)]
-    if not heads:
-        raise ValueError("top_words must hold at least one layer with one head")
-    k = max(len(words) for _, _, words in heads) or 1
-    fig = Figure(figsize=(7.0, 0.16 * (k + 1) * len(heads) + 1.0), layout="constrained")
+    panels = {label: [(layer, head, words) for layer, row in enumerate(top_words)
+                      for head, words in enumerate(row)] for label, top_words in panels.items()}
+    if not panels or not all(panels.values()):
+        raise ValueError("every panel must hold at least one layer with one head")
+    n_heads = max(len(heads) for heads in panels.values())
+    k = max(len(words) for heads in panels.values() for _, _, words in heads) or 1
+    fig = Figure(figsize=(5.5 * len(panels) + 1.0, 0.16 * (k + 1) * n_heads + 1.2),
+                 layout="constrained")
     FigureCanvasAgg(fig)
-    ax = fig.subplots()
-    group_centres = []
-    for g, (_, _, words) in enumerate(heads):
-        ys = [g * (k + 1) + r for r in range(len(words))]  # a blank row between heads
-        values = [float(v) for _, v in words]
-        ax.barh(ys, values, height=0.85,
-                color=["#e07b18" if w in names else "#3b75af" for w, _ in words])
-        for y, (word, value) in zip(ys, words, strict=True):
-            ax.text(float(value) + 0.01, y, f"{_label(word)}  {value:.2f}", va="center",
-                    fontsize=7)
-        group_centres.append(g * (k + 1) + (k - 1) / 2)
-    ax.set_yticks(group_centres, [f"layer {layer} head {head}" for layer, head, _ in heads],
-                  fontsize=8)
-    ax.set_ylim(len(heads) * (k + 1) - 1, -1)  # first head on top
-    ax.set_xlim(0.0, 1.15)
-    ax.set_xlabel("attention weight from the pronoun (summed over each word's tokens)")
-    ax.set_title(f"{title or _label(pronoun)}: the earlier words each head looks at most"
+    for ax, (label, heads) in zip(fig.subplots(1, len(panels), squeeze=False)[0], panels.items(),
+                                  strict=True):
+        group_centres = []
+        for g, (_, _, words) in enumerate(heads):
+            ys = [g * (k + 1) + r for r in range(len(words))]  # a blank row between heads
+            values = [float(v) for _, v in words]
+            ax.barh(ys, values, height=0.85,
+                    color=["#e07b18" if w in names else "#3b75af" for w, _ in words])
+            for y, (word, value) in zip(ys, words, strict=True):
+                ax.text(float(value) + 0.01, y, f"{_label(word)}  {value:.2f}", va="center",
+                        fontsize=7)
+            group_centres.append(g * (k + 1) + (k - 1) / 2)
+        ax.set_yticks(group_centres, [f"layer {layer} head {head}" for layer, head, _ in heads],
+                      fontsize=8)
+        ax.set_ylim(len(heads) * (k + 1) - 1, -1)  # first head on top
+        ax.set_xlim(0.0, 1.15)
+        ax.set_xlabel("attention weight (summed over each word's tokens)")
+        ax.set_title(_label(label), fontsize=9)
+    fig.suptitle(f"{title}: the earlier words each head looks at most"
                  + (" (orange: a name)" if names else ""), fontsize=10)
     return fig
 

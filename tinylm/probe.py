@@ -23,16 +23,31 @@ are ignored). Character offsets point at the first character of a word.
   shared context, times the probability that the next token starts a new word (so "he" is not
   credited with "her").
   Agreement accuracy is the share of positive margins. (A wrong_pronoun on an attention item is
-  ignored: with two characters before it, either pronoun could be right.)
+  not needed: with two characters before it, either pronoun could be right. It serves the
+  deciding position's prediction match, below.)
+
+Both kinds are also read at the deciding position, the token just before the pronoun, where a
+causal model chooses it (tinylm.deciding): on agreement items each head's attention from there to
+the name (also split by whether the name is the text's first word: a head that always looks at
+the first token would score high there); on attention items whether the sign of (attention to
+antecedent - attention to distractor) matches the sign of the model's own preference log
+P(pronoun) - log P(wrong pronoun). The wrong pronoun is the item's wrong_pronoun, else derived
+(she/he, he/she, him/her, his/her); "her" has none, and such items are left out and counted.
 
 Attention weights alone are not explanations, so `ablate=true` zeroes each head in turn (its
-output times 0, through the model's head_mask) and measures how the agreement margins change.
+output times 0, through the model's head_mask) and measures how the agreement margins change;
+the evidence table puts that beside each head's deciding attention to the name.
 
 Output: a console summary; a JSON report (`out`, default <logdir>/probe.json) with `n` (attention
 items), `heads` ([{layer, head, accuracy, mean_antecedent_attention, mean_distractor_attention}]),
 `best`, `baselines` ({"nearest mention", "first mention"}), `agreement` ({n, accuracy,
 mean_margin, items}) and `ablation` ([{layer, head, method: "zeroed", mean_margin, accuracy,
-delta_mean_margin, delta_accuracy}]); layer x head heatmaps in TensorBoard (`logdir`, default
+delta_mean_margin, delta_accuracy}]), `deciding` ({"agreement_attention": [{layer, head,
+mean_attention, mean_attention_name_first_word, mean_attention_name_later}], "prediction_match":
+[{layer, head, match, correlation}], "n_agreement", "n_attention", "n_attention_left_out",
+"n_name_first_word"}), `evidence` ([{layer, head, mean_attention, delta_mean_margin, agrees}],
+with ablate=true) and `best_deciding` ({layer, head, mean_attention});
+layer x head heatmaps in TensorBoard (`logdir`, default
 <run dir>/probe/<timestamp>), also saved as PNG. Nothing is written until everything is computed.
 """
 
@@ -48,7 +63,16 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from tinylm.inspection import PRONOUNS, find_words, token_word_index, word_at, word_level
+from tinylm import deciding
+from tinylm.inspection import (
+    PRONOUNS,
+    deciding_token,
+    find_words,
+    key_words,
+    token_word_index,
+    word_at,
+    word_level,
+)
 
 SHIPPED_PROBES = ("pronouns.jsonl", "agreement.jsonl")  # in data/probes/ (a wheel: tinylm/probes/)
 ABLATION = "zeroed"  # how a head is removed: its output is multiplied by 0
@@ -97,7 +121,7 @@ class ProbeItem:
     pronoun_char: int
     antecedent_chars: list[int]
     distractor_chars: list[int] | None  # attention items
-    wrong_pronoun: str | None  # agreement items
+    wrong_pronoun: str | None  # agreement items; optional on attention items
 
     @property
     def kind(self) -> str:
@@ -176,13 +200,12 @@ def parse_item(obj, where: str) -> ProbeItem:
                                      f" and as {role})")
             seen[char] = role
 
-    wrong = None
-    if "distractor" not in mentions:  # an agreement item
-        wrong = obj.get("wrong_pronoun")
-        if wrong is None:
-            raise ProbeFileError(f"{where}: missing wrong_pronoun; an item without "
-                                 "distractor_chars is an agreement item and needs the pronoun "
-                                 "to compare with (e.g. \"wrong_pronoun\": \"he\")")
+    wrong = obj.get("wrong_pronoun")
+    if wrong is None and "distractor" not in mentions:  # an agreement item
+        raise ProbeFileError(f"{where}: missing wrong_pronoun; an item without "
+                             "distractor_chars is an agreement item and needs the pronoun "
+                             "to compare with (e.g. \"wrong_pronoun\": \"he\")")
+    if wrong is not None:
         if not isinstance(wrong, str) or wrong.lower() not in PRONOUNS:
             raise ProbeFileError(f"{where}: wrong_pronoun={wrong!r} is not a known pronoun; "
                                  f"known: {', '.join(sorted(w for w in PRONOUNS if w.islower()))}")
@@ -223,12 +246,20 @@ def baselines(items: list[ProbeItem]) -> dict[str, float]:
 
 
 def attention_to_mentions(weights: np.ndarray, token_words: list[int], n_words: int,
-                          pronoun_word: int, mention_words: list[int]) -> np.ndarray:
-    """Per-head attention (L, nh) from the pronoun to a character's mentions.
+                          pronoun_word: int, mention_words: list[int],
+                          position: str = "resolving") -> np.ndarray:
+    """Per-head attention (L, nh) to a character's mentions, from the pronoun ("resolving") or
+    from the token just before it, where the pronoun is predicted ("deciding").
 
     weights (L, nh, T, T) over tokens; word-level as tinylm.inspection.word_level: summed over each
     mention's sub-word tokens (and over the mentions), averaged over the pronoun's tokens.
     """
+    if position == "deciding":
+        query = deciding_token(token_words, pronoun_word)
+        if query is None:
+            raise ValueError("the pronoun is the first token: no token before it decides it")
+        to_words = key_words(weights[..., query, :], token_words, n_words)  # (L, nh, W)
+        return to_words[..., mention_words].sum(-1)
     words = word_level(weights, token_words, n_words)  # (L, nh, W, W)
     return words[..., pronoun_word, mention_words].sum(-1)
 
@@ -240,7 +271,8 @@ def head_accuracy(antecedent: np.ndarray, distractor: np.ndarray) -> np.ndarray:
 
 @dataclass
 class EncodedAttentionItem:
-    """An attention item as tokens: the text up to the pronoun's last token, and word indices."""
+    """An item as tokens: the text up to the pronoun's last token, and word indices (an
+    agreement item has no distractor words)."""
 
     ids: list[int]
     token_words: list[int]
@@ -275,7 +307,7 @@ def encode_attention_item(tokenizer, item: ProbeItem, block_size: int) -> Encode
     return EncodedAttentionItem(
         ids[:end], token_words[:end], len(spans), pronoun_word,
         [word_at(spans, c) for c in item.antecedent_chars],
-        [word_at(spans, c) for c in item.distractor_chars])
+        [word_at(spans, c) for c in item.distractor_chars or ()])
 
 
 def _padded(sequences: list[list[int]], device) -> torch.Tensor:
@@ -287,9 +319,10 @@ def _padded(sequences: list[list[int]], device) -> torch.Tensor:
 
 
 @torch.inference_mode()
-def mention_attention(model, encoded: list[EncodedAttentionItem], batch_size: int = 64
-                      ) -> tuple[np.ndarray, np.ndarray]:
-    """Attention (N, L, nh) from each item's pronoun to its antecedent and to its distractor."""
+def mention_attention(model, encoded: list[EncodedAttentionItem], batch_size: int = 64,
+                      position: str = "resolving") -> tuple[np.ndarray, np.ndarray]:
+    """Attention (N, L, nh) from each item's pronoun (or the token before it: "deciding") to its
+    antecedent and to its distractor."""
     device = next(model.parameters()).device
     antecedent, distractor = [], []
     for start in range(0, len(encoded), batch_size):
@@ -300,9 +333,9 @@ def mention_attention(model, encoded: list[EncodedAttentionItem], batch_size: in
             t = len(e.ids)
             w = weights[row, :, :, :t, :t]
             antecedent.append(attention_to_mentions(w, e.token_words, e.n_words, e.pronoun_word,
-                                                    e.antecedent_words))
+                                                    e.antecedent_words, position))
             distractor.append(attention_to_mentions(w, e.token_words, e.n_words, e.pronoun_word,
-                                                    e.distractor_words))
+                                                    e.distractor_words, position))
     return np.stack(antecedent), np.stack(distractor)
 
 
@@ -329,11 +362,15 @@ class EncodedAgreementItem:
     n_context: int  # tokens before the word; the last of them predicts it
 
 
-def encode_agreement_item(tokenizer, item: ProbeItem, block_size: int) -> EncodedAgreementItem:
-    """Tokenize the text before the pronoun followed by each pronoun, as running text would be."""
+def encode_agreement_item(tokenizer, item: ProbeItem, block_size: int,
+                          wrong_pronoun: str | None = None) -> EncodedAgreementItem:
+    """Tokenize the text before the pronoun followed by each pronoun, as running text would be.
+
+    The wrong pronoun: `wrong_pronoun`, else the item's."""
     context = item.text[:item.pronoun_char]
     before = len(context.rstrip())  # the word is read together with the whitespace before it
-    written, wrong = item.pronoun, match_case(item.wrong_pronoun, item.pronoun)
+    written = item.pronoun
+    wrong = match_case(wrong_pronoun or item.wrong_pronoun, item.pronoun)
     encoded = []
     for word in (written, wrong):
         ids, offsets = _encode(tokenizer, item, context + word)
@@ -428,16 +465,25 @@ def ablate_heads(model, encoded: list[EncodedAgreementItem], new_word: torch.Ten
 
 def probe(model, tokenizer, items: list[ProbeItem], ablate: bool = False, batch_size: int = 64
           ) -> dict:
-    """Score every head on the attention items, measure agreement (and ablations); the report."""
+    """Score every head on the attention items, measure agreement (and ablations), and read every
+    head at the deciding position; the report."""
     c = model.config
     attention = [i for i in items if i.kind == "attention"]
     agreement = [i for i in items if i.kind == "agreement"]
+    # the model's own preference on a two-character item needs a wrong pronoun: "her" has none
+    wrong = [i.wrong_pronoun or deciding.derived_wrong_pronoun(i.pronoun) for i in attention]
+    scored = [k for k, w in enumerate(wrong) if w is not None]
     # tokenize everything first: a bad item stops the run before any model work or output
     enc_attention = [encode_attention_item(tokenizer, i, c.block_size) for i in attention]
     enc_agreement = [encode_agreement_item(tokenizer, i, c.block_size) for i in agreement]
+    enc_names = [encode_attention_item(tokenizer, i, c.block_size) for i in agreement]
+    enc_preference = [encode_agreement_item(tokenizer, attention[k], c.block_size, wrong[k])
+                      for k in scored]
 
     report: dict = {"n": len(attention), "heads": [], "best": None, "baselines": None,
-                    "agreement": None, "ablation": None}
+                    "agreement": None, "ablation": None, "deciding": None, "evidence": None,
+                    "best_deciding": None}
+    new_word = new_word_tokens(tokenizer)
     if attention:
         ante, distr = mention_attention(model, enc_attention, batch_size)
         accuracy = head_accuracy(ante, distr)
@@ -450,7 +496,6 @@ def probe(model, tokenizer, items: list[ProbeItem], ablate: bool = False, batch_
         report["best"] = {k: best[k] for k in ("layer", "head", "accuracy")}
         report["baselines"] = baselines(attention)
     if agreement:
-        new_word = new_word_tokens(tokenizer)
         margins = agreement_margins(model, enc_agreement, new_word, None, batch_size)
         report["agreement"] = {
             "n": len(agreement), "accuracy": float((margins > 0).float().mean()),
@@ -460,31 +505,64 @@ def probe(model, tokenizer, items: list[ProbeItem], ablate: bool = False, batch_
                        "margin": float(m)} for i, m in zip(agreement, margins, strict=True)]}
         if ablate:
             report["ablation"] = ablate_heads(model, enc_agreement, new_word, batch_size, margins)
+    if attention or agreement:
+        report["deciding"] = deciding_report(model, enc_names, enc_attention, scored,
+                                             enc_preference, new_word, batch_size)
+    names = report["deciding"]["agreement_attention"] if report["deciding"] else []
+    if names:
+        best = max(names, key=lambda h: h["mean_attention"])
+        report["best_deciding"] = {k: best[k] for k in ("layer", "head", "mean_attention")}
+    if names and report["ablation"]:
+        report["evidence"] = deciding.evidence(names, report["ablation"])
     return report
+
+
+def deciding_report(model, enc_names: list[EncodedAttentionItem],
+                    enc_attention: list[EncodedAttentionItem], scored: list[int],
+                    enc_preference: list[EncodedAgreementItem], new_word: torch.Tensor,
+                    batch_size: int = 64) -> dict:
+    """The report's `deciding` part: attention from the token before the pronoun to the name on
+    the agreement items (enc_names); on the two-character items whether the attention's
+    preference matches the model's (scored: the indices of those with a wrong pronoun,
+    enc_preference: their written and wrong pronoun)."""
+    name_first = np.array([0 in e.antecedent_words for e in enc_names], dtype=bool)
+    result: dict = {"agreement_attention": [], "prediction_match": [],
+                    "n_agreement": len(enc_names), "n_attention": len(scored),
+                    "n_attention_left_out": len(enc_attention) - len(scored),
+                    "n_name_first_word": int(name_first.sum())}
+    if enc_names:
+        to_name, _ = mention_attention(model, enc_names, batch_size, "deciding")
+        result["agreement_attention"] = deciding.agreement_attention(to_name, name_first)
+    if scored:
+        ante, distr = mention_attention(model, enc_attention, batch_size, "deciding")
+        preference = agreement_margins(model, enc_preference, new_word, None, batch_size)
+        match, correlation = deciding.prediction_match((ante - distr)[scored], preference.numpy())
+        result["prediction_match"] = deciding.head_entries(
+            {"match": match, "correlation": correlation})
+    return result
 
 
 def _grid(report: dict, key: str, n_layer: int, n_head: int, entries: list[dict]) -> np.ndarray:
     grid = np.full((n_layer, n_head), np.nan)
     for e in entries:
-        grid[e["layer"], e["head"]] = e[key]
+        grid[e["layer"], e["head"]] = np.nan if e[key] is None else e[key]
     return grid
 
 
 def format_report(report: dict, n_layer: int, n_head: int, top_heads: int = 5) -> list[str]:
-    """The console summary: head accuracy table, baselines, agreement, the ablation table."""
-    lines = []
+    """The console summary: the deciding position first (evidence table, attention to the name,
+    prediction match), then the resolving head accuracy table, baselines, agreement, ablation."""
+    lines = (deciding.format_deciding(report, n_layer, n_head, top_heads)
+             if report["deciding"] else [])
     if report["heads"]:
         grid = _grid(report, "accuracy", n_layer, n_head, report["heads"])
         best = report["best"]
-        lines += [f"attention: {report['n']} two-character items; accuracy = share of items on "
+        lines += [f"resolving: {report['n']} two-character items; accuracy = share of items on "
                   "which the head's attention",
-                  "from the pronoun goes more to the antecedent than to the distractor (* = best)",
-                  "         " + "".join(f"  head {h:<2d}" for h in range(n_head))]
-        for layer in range(n_layer):
-            mark = ["*" if (layer, h) == (best["layer"], best["head"]) else " "
-                    for h in range(n_head)]
-            cells = "".join(f"  {grid[layer, h]:6.2f}{mark[h]}" for h in range(n_head))
-            lines.append(f"layer {layer:<3d}{cells}")
+                  "from the pronoun goes more to the antecedent than to the distractor (* = best)"]
+        lines += deciding.layer_head_lines({(layer, h): f"{grid[layer, h]:.2f}" for layer in
+                                    range(n_layer) for h in range(n_head)},
+                                   n_layer, n_head, (best["layer"], best["head"]))
         b = report["baselines"]
         lines.append(f"best head: layer {best['layer']} head {best['head']}, accuracy "
                      f"{best['accuracy']:.2f}; baselines: nearest mention "
@@ -529,6 +607,27 @@ def write_tensorboard(report: dict, logdir: Path, n_layer: int, n_head: int,
         figures["probe/attention_accuracy"] = layer_head_heatmap(
             _grid(report, "accuracy", n_layer, n_head, report["heads"]),
             f"pronoun -> antecedent accuracy ({report['n']} items)", "accuracy")
+    d = report["deciding"]
+    if d and d["agreement_attention"]:
+        n_first = d["n_name_first_word"]
+        for key, items in (("mean_attention", f"{d['n_agreement']} items"),
+                           ("mean_attention_name_first_word",
+                            f"{n_first} items with the name first"),
+                           ("mean_attention_name_later",
+                            f"{d['n_agreement'] - n_first} items with the name later")):
+            tag = "probe/deciding_attention" + key.removeprefix("mean_attention")
+            figures[tag] = layer_head_heatmap(
+                _grid(report, key, n_layer, n_head, d["agreement_attention"]),
+                f"deciding: token before the pronoun -> name ({items})", "attention")
+    if d and d["prediction_match"]:
+        figures["probe/prediction_match"] = layer_head_heatmap(
+            _grid(report, "match", n_layer, n_head, d["prediction_match"]),
+            f"deciding attention predicts the model's pronoun ({d['n_attention']} items)",
+            "share of items")
+        figures["probe/prediction_correlation"] = layer_head_heatmap(
+            _grid(report, "correlation", n_layer, n_head, d["prediction_match"]),
+            "deciding attention difference vs log P difference", "Pearson r", fmt="{:+.2f}",
+            center=0.0)
     if report["ablation"]:
         for key in ("delta_mean_margin", "delta_accuracy"):
             figures[f"probe/ablation_{key}"] = layer_head_heatmap(
@@ -545,15 +644,38 @@ def write_tensorboard(report: dict, logdir: Path, n_layer: int, n_head: int,
     return list(figures)
 
 
-def probe_files(cfg: ProbeConfig) -> list[Path]:
-    """The probe files to read: cfg.probe_file, or the shipped sets (data/probes/ of the
-    checkout; an installed wheel carries them as tinylm/probes/)."""
-    if cfg.probe_file is not None:
-        return [Path(p) for p in cfg.probe_file]
+def shipped_probe(name: str) -> Path:
+    """A shipped probe set: data/probes/<name> of the checkout; an installed wheel carries them
+    as tinylm/probes/."""
     from tinylm.config import shipped_dir
 
-    directory = shipped_dir("data/probes", "probes")
-    return [directory / name for name in SHIPPED_PROBES]
+    return shipped_dir("data/probes", "probes") / name
+
+
+def probe_files(cfg: ProbeConfig) -> list[Path]:
+    """The probe files to read: cfg.probe_file, or the shipped sets."""
+    if cfg.probe_file is not None:
+        return [Path(p) for p in cfg.probe_file]
+    return [shipped_probe(name) for name in SHIPPED_PROBES]
+
+
+def shipped_name_items(tokenizer, block_size: int) -> list[EncodedAttentionItem]:
+    """The shipped agreement items as tokens, for deciding_name_attention; an item this tokenizer
+    or context cannot read is left out (training goes on without it)."""
+    encoded = []
+    for item in load_probe_file(shipped_probe("agreement.jsonl")):
+        try:
+            encoded.append(encode_attention_item(tokenizer, item, block_size))
+        except ProbeFileError:
+            continue
+    return encoded
+
+
+def deciding_name_attention(model, encoded: list[EncodedAttentionItem], batch_size: int = 128
+                            ) -> np.ndarray:
+    """(L, nh): each head's mean attention from the token before the pronoun to the name."""
+    to_name, _ = mention_attention(model, encoded, batch_size, "deciding")
+    return to_name.mean(axis=0)
 
 
 def run_probe(cfg: ProbeConfig, out=None) -> dict:

@@ -411,6 +411,20 @@ def _log_sample_and_attention(writer, model: TinyLM, tokenizer, cfg: TrainConfig
     model.train()
 
 
+def _log_deciding_attention(writer, model: TinyLM, name_items: list, step: int) -> None:
+    """TensorBoard: each head's attention from the token before the pronoun to the name on the
+    shipped agreement items, the layer x head grid in which the carrier head appears."""
+    from tinylm.plots import layer_head_heatmap, log_figure
+    from tinylm.probe import deciding_name_attention
+
+    model.eval()
+    grid = deciding_name_attention(model, name_items)
+    model.train()
+    fig = layer_head_heatmap(grid, f"deciding attention to the name, step {step} "
+                             f"({len(name_items)} items)", "attention")
+    log_figure(writer, "probe/deciding_attention", fig, step)
+
+
 def _write_hparams(writer, cfg: RunConfig) -> None:
     """The run's hyperparameters for TensorBoard's HPARAMS tab (metrics: the val scalars)."""
     import yaml
@@ -483,7 +497,7 @@ class Trainer:
             self.forward = nn.parallel.DistributedDataParallel(
                 self.forward, device_ids=[device.index] if device.type == "cuda" else None)
 
-        self.writer = None
+        self.writer, self.name_items = None, []
         if self.is_main:
             from torch.utils.tensorboard import SummaryWriter
 
@@ -492,6 +506,10 @@ class Trainer:
                                         purge_step=self.step + 1 if self.step else None)
             if self.step == 0:
                 _write_hparams(self.writer, self.run_config)
+            from tinylm.probe import shipped_name_items
+
+            # tokenized once: each evaluation then costs one forward pass and one small image
+            self.name_items = shipped_name_items(self.tokenizer, model_cfg.block_size)
             # MFU: the FLOPs the model does per token against what the matmuls could do
             self.peak_flops = matmul_peak_flops(device, self.dtype) * self.world_size
             self.info(f"Model: {self.model.num_params() / 1e6:.2f}M parameters "
@@ -601,6 +619,8 @@ class Trainer:
             self.writer.add_scalar("val/perplexity", perplexity, self.step)
             _log_sample_and_attention(self.writer, self.model, self.tokenizer, self.t,
                                       self.step, self.device)
+            if self.name_items:
+                _log_deciding_attention(self.writer, self.model, self.name_items, self.step)
             self.info(f"step {self.step}: val loss {val_loss:.4f}, perplexity {perplexity:.2f}"
                       f"{' (best)' if val_loss < self.best_val else ''}")
         return val_loss
