@@ -1,6 +1,8 @@
 """Small builders the test files share: a tiny model, a saved run, a command-line run."""
 
+import contextlib
 import os
+import socket
 import subprocess
 import sys
 
@@ -29,3 +31,32 @@ def run_cli(module, *args, cwd, timeout=300):
     env = {**os.environ, "PYTHONIOENCODING": "utf-8"}
     return subprocess.run([sys.executable, "-m", module, *args], cwd=cwd, env=env,
                           capture_output=True, text=True, timeout=timeout)
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@contextlib.contextmanager
+def tensorboard_server(logdir, log_path, *flags):
+    """`tensorboard --logdir logdir` on a free port of 127.0.0.1: yields (process, base URL).
+
+    Its output goes to log_path, a file rather than a pipe: a full pipe would block the server.
+    """
+    port = free_port()
+    with open(log_path, "wb") as log_file:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "tensorboard.main", "--logdir", str(logdir),
+             "--host", "127.0.0.1", "--port", str(port), *flags],
+            stdout=log_file, stderr=subprocess.STDOUT)
+    try:
+        yield process, f"http://127.0.0.1:{port}"
+    finally:
+        process.terminate()
+        try:
+            process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()

@@ -12,6 +12,7 @@ from tinylm.checkpoint import (
     WEIGHTS_FILE,
     load_checkpoint,
     resolve_checkpoint_dir,
+    run_dir_lock,
     save_checkpoint,
 )
 from tinylm.model import ModelConfig, TinyLM
@@ -99,8 +100,9 @@ save_checkpoint({str(tmp_path)!r}, model, tok, {{}}, step=2)
     assert ckpt.directory.name == "step-0000001"
     for name, value in ckpt.model.state_dict().items():
         assert torch.equal(value, expected[name]), name
-    # the next save clears the leftover temporary directory
-    save_checkpoint(tmp_path, model, tokenizer, {}, step=3)
+    # the next writer of the run directory, holding its lock, clears the leftover
+    with run_dir_lock(tmp_path):
+        save_checkpoint(tmp_path, model, tokenizer, {}, step=3)
     assert not [p for p in (tmp_path / "checkpoints").iterdir() if p.name.startswith(".tmp-")]
 
 

@@ -13,7 +13,7 @@ from tinylm.config import ConfigError
     ("probe", "ablte=true", "unknown config key ablte (in ablte=true); allowed: checkpoint,"),
     ("explain", "casual=true", "unknown config key casual (in casual=true); allowed: q, k, v,"),
     ("bench", "sectoin=train", "unknown config key or group sectoin (in sectoin=train); "
-                               "allowed: model, optim, data, tokenizer, section,"),
+                               "allowed: section, threads, repeats, warmup, seed, out, model,"),
     ("bench", "attention.heads=2", "unknown config key attention.heads (in attention.heads=2); "
                                    "allowed under attention: batch_size, seq_len, n_head, n_embd"),
     ("config", "data.fles=x", "unknown config key data.fles (in data.fles=x); allowed under "
@@ -29,16 +29,60 @@ def test_bad_overrides_are_refused_in_one_line(config_name, override, message):
     assert "\n" not in str(refused.value)
 
 
+def _builders():
+    from tinylm.cli import bench, explain, generate, probe
+    from tinylm.cli.train import build_run_config
+
+    return {"config": build_run_config, "generate": generate._config, "probe": probe._config,
+            "explain": explain._config, "bench": bench._config}
+
+
+# The values an adversarial run found slipping through: a wrong type is refused by the schema at
+# composition, a wrong range by the dataclass's validators; both before any data or model.
+@pytest.mark.parametrize("config_name, override, message", [
+    ("config", "model.bias=maybe", "model.bias=maybe is not allowed: must be true or false"),
+    ("config", "model.bias=no", "model.bias=no is not allowed: must be true or false"),
+    ("config", "train.compile=maybe", "train.compile=maybe is not allowed: must be true or false"),
+    ("generate", "use_cache=maybe", "use_cache=maybe is not allowed: must be true or false"),
+    ("config", "model.dropout=abc", "model.dropout=abc is not allowed: must be a float"),
+    ("generate", "temperature=abc", "temperature=abc is not allowed: must be a float"),
+    ("config", "optim.lr=nan", "optim.lr=nan is not allowed: must be a finite number >= 0"),
+    ("config", "optim.lr=inf", "optim.lr=inf is not allowed: must be a finite number >= 0"),
+    ("config", "optim.grad_clip=nan",
+     "optim.grad_clip=nan is not allowed: must be a finite number >= 0"),
+    ("generate", "temperature=nan",
+     "temperature=nan is not allowed: must be 0 (greedy) or a finite number >= 0.001"),
+    ("generate", "temperature=1e-45",
+     "temperature=1e-45 is not allowed: must be 0 (greedy) or a finite number >= 0.001"),
+    ("generate", "top_k=2.5", "top_k=2.5 is not allowed: must be an integer, or null"),
+    ("generate", "seed=abc", "seed=abc is not allowed: must be an integer"),
+    ("probe", "ablate=yes", "ablate=yes is not allowed: must be true or false"),
+    ("explain", "causal=1", "causal=1 is not allowed: must be true or false"),
+    ("bench", "repeats=many", "repeats=many is not allowed: must be an integer"),
+    ("config", "data.files=notes.txt",
+     "data.files=notes.txt is not allowed: must be a list, e.g. [a, b]"),
+])
+def test_wrong_types_and_ranges_are_refused_in_one_line(config_name, override, message):
+    with pytest.raises(ConfigError) as refused:
+        check_command_line([override], config_name, _builders()[config_name])
+    assert str(refused.value) == message
+
+
 def test_good_overrides_compose():
     cfg = check_command_line(["temperature=0", "max_new_tokens=5"], "generate")
     assert cfg.temperature == 0 and cfg.max_new_tokens == 5
 
 
-@pytest.mark.parametrize("module, command", [("tinylm.cli.generate", "tinylm-generate"),
-                                             ("tinylm.cli.prepare", "tinylm-prepare")])
-def test_the_commands_check_their_command_line_before_hydra_runs(module, command, tmp_path):
-    result = run_cli(module, "tempurature=0.5", cwd=tmp_path, timeout=120)
+@pytest.mark.parametrize("module, command, override, message", [
+    ("tinylm.cli.generate", "tinylm-generate", "tempurature=0.5", "unknown config key"),
+    ("tinylm.cli.prepare", "tinylm-prepare", "tempurature=0.5", "unknown config key"),
+    ("tinylm.cli.train", "tinylm-train", "optim.lr=nan", "optim.lr=nan is not allowed"),
+    ("tinylm.cli.generate", "tinylm-generate", "temperature=nan", "temperature=nan is not allowed"),
+])
+def test_the_commands_check_their_command_line_before_hydra_runs(module, command, override,
+                                                                  message, tmp_path):
+    result = run_cli(module, override, cwd=tmp_path, timeout=120)
     assert result.returncode == 1
-    assert result.stderr.strip().startswith(f"{command}: error: unknown config key")
+    assert result.stderr.strip().startswith(f"{command}: error: {message}")
     assert len(result.stderr.strip().splitlines()) == 1
     assert not any(tmp_path.iterdir())  # nothing written: no run directory, no .hydra/

@@ -355,7 +355,8 @@ def test_bad_data_configs_are_refused_by_name():
         DataConfig(val_fraction=1.0)
     with pytest.raises(ValueError, match=r"data\.files is empty"):
         DataConfig(files=[])
-    assert DataConfig(files="notes.txt").files == ["notes.txt"]
+    with pytest.raises(ValueError, match=r"data\.files='notes.txt' is not allowed: must be a list"):
+        DataConfig(files="notes.txt")
 
 
 # ------------------------------------------------------------------------------- the sampler

@@ -1,9 +1,6 @@
 """A real TensorBoard server shows the attention maps that inspection writes."""
 
 import json
-import socket
-import subprocess
-import sys
 import time
 import urllib.error
 import urllib.parse
@@ -11,18 +8,13 @@ import urllib.request
 
 import pytest
 import torch
+from helpers import tensorboard_server
 
 from tinylm.inspection import inspect_texts
 from tinylm.model import ModelConfig, TinyLM
 from tinylm.tokenizer import CharTokenizer
 
 STARTUP_TIMEOUT_S = 90
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def get(url: str) -> bytes:
@@ -39,16 +31,9 @@ def test_tensorboard_serves_the_attention_images_over_http(tmp_path):
                                n_head=2, n_embd=16)).eval()
     inspect_texts(model, tokenizer, [text], tmp_path / "logs", echo=False)
 
-    port = free_port()
-    base = f"http://127.0.0.1:{port}"
-    log = tmp_path / "tensorboard.log"  # a file, not a pipe: a full pipe would block the server
-    with log.open("wb") as log_file:
-        server = subprocess.Popen(
-            [sys.executable, "-m", "tensorboard.main", "--logdir", str(tmp_path / "logs"),
-             "--host", "127.0.0.1", "--port", str(port), "--load_fast=false",
-             "--reload_interval", "1"],
-            stdout=log_file, stderr=subprocess.STDOUT)
-    try:
+    log = tmp_path / "tensorboard.log"
+    with tensorboard_server(tmp_path / "logs", log, "--load_fast=false",
+                            "--reload_interval", "1") as (server, base):
         # ready = the server answers and has loaded our event file (it loads in the background)
         deadline, tags = time.monotonic() + STARTUP_TIMEOUT_S, {}
         while time.monotonic() < deadline:
@@ -67,10 +52,3 @@ def test_tensorboard_serves_the_attention_images_over_http(tmp_path):
         (entry,) = json.loads(get(f"{base}/data/plugin/images/images?{query}"))
         png = get(f"{base}/data/plugin/images/individualImage?{entry['query']}")
         assert png.startswith(b"\x89PNG") and len(png) > 1000
-    finally:
-        server.terminate()
-        try:
-            server.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            server.kill()
-            server.wait()

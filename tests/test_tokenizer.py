@@ -128,8 +128,8 @@ def test_load_tokenizer_refuses_missing_and_foreign_files(tmp_path):
 
 
 @pytest.mark.parametrize("cfg, message", [
-    (dict(name="bpe", vocab_size=256), r"vocab_size=256 is too small .* at least 257"),
-    (dict(name="bpe", vocab_size=None), r"vocab_size=None is too small"),
+    (dict(name="bpe", vocab_size=256), r"vocab_size=256 is not allowed: .* >= 257"),
+    (dict(name="bpe", vocab_size=None), r"vocab_size=None is not allowed"),
     (dict(name="char", vocab_size=100), r"vocab_size=100 is not allowed for tokenizer=char"),
     (dict(name="wordpiece"), r"tokenizer.name='wordpiece' is not allowed; allowed: bpe, char"),
 ])

@@ -284,8 +284,8 @@ def test_nan_loss_stops_the_run_and_keeps_the_last_good_checkpoint(
     ("+model.n_layers=3", "unknown config key model.n_layers; allowed under model:"),
     ("model.n_embd=130", "model.n_embd=130 is not allowed: must be divisible by model.n_head=4"),
     ("train.batch_size=0", "train.batch_size=0 is not allowed: must be an integer >= 1"),
-    ("optim.lr=-0.001", "optim.lr=-0.001 is not allowed: must be a number >= 0"),
-    ("train.precision=fp8", "train.precision='fp8' is not allowed: allowed: auto, fp32, bf16"),
+    ("optim.lr=-0.001", "optim.lr=-0.001 is not allowed: must be a finite number >= 0"),
+    ("train.precision=fp8", "train.precision='fp8' is not allowed; allowed: auto, fp32, bf16"),
 ])
 def test_bad_command_lines_are_refused_in_one_line_naming_key_and_value(override, message):
     with pytest.raises(ConfigError) as refused:

@@ -27,10 +27,11 @@ def test_two_processes_lower_the_loss_and_rank_0_alone_writes(tmp_path):
         cwd=tmp_path, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
 
-    # one run directory (rank 0 picked its time stamp for both), one log, one checkpoint series
+    # one run directory (rank 0 picked its time stamp for both), one log, one checkpoint series,
+    # and the lock file rank 0 held it with (released: its pid file is gone)
     (run_dir,) = (tmp_path / "runs").glob("*/*")
     assert sorted(p.name for p in run_dir.iterdir()) == [
-        ".hydra", "checkpoints", "tensorboard", "train.log"]
+        ".hydra", ".lock", "checkpoints", "tensorboard", "train.log"]
     assert len(list((run_dir / "tensorboard").iterdir())) == 1
     assert done.stdout.count("Done: 30 steps") == 1
     ckpt = load_checkpoint(run_dir, prefer="last")

@@ -32,6 +32,7 @@ import torch
 from torch import nn
 
 from tinylm.attention import MultiHeadAttention, causal_mask
+from tinylm.config import integer, one_of
 from tinylm.data import DataConfig
 from tinylm.model import ModelConfig, TinyLM
 from tinylm.tokenizer import TokenizerConfig
@@ -41,7 +42,7 @@ SECTIONS = ("attention", "train", "generate", "inspect", "data")
 
 
 # --------------------------------------------------------------------------------------------
-# Configuration: one dataclass per section, mirrored by conf/bench.yaml
+# Configuration: one dataclass per section, the schema of conf/bench.yaml
 
 
 @dataclass
@@ -85,7 +86,7 @@ class InspectBenchConfig:
 
 @dataclass
 class BenchConfig:
-    """Options of tinylm-bench; mirrors conf/bench.yaml."""
+    """Options of tinylm-bench; the schema of conf/bench.yaml (defaults: here only)."""
 
     section: str = "all"  # all, or one of SECTIONS
     threads: int = 2  # torch threads for every candidate (restored afterwards)
@@ -103,14 +104,10 @@ class BenchConfig:
     inspect: InspectBenchConfig = field(default_factory=InspectBenchConfig)
 
     def __post_init__(self):
-        if self.section != "all" and self.section not in SECTIONS:
-            raise ValueError(f"section={self.section!r} is not allowed; "
-                             f"allowed: all, {', '.join(SECTIONS)}")
+        one_of("section", self.section, ("all", *SECTIONS))
         for key in ("threads", "repeats"):
-            if getattr(self, key) < 1:
-                raise ValueError(f"{key}={getattr(self, key)!r} is not allowed: must be >= 1")
-        if self.warmup < 0:
-            raise ValueError(f"warmup={self.warmup!r} is not allowed: must be >= 0")
+            integer(key, getattr(self, key), least=1)
+        integer("warmup", self.warmup, least=0)
         if self.model.vocab_size is None:
             raise ValueError("model.vocab_size=None is not allowed here: the benchmark builds "
                              "no tokenizer to take it from; set a number")

@@ -2,6 +2,7 @@
 
 Layout inside a run directory:
 
+    .lock                      held by the process writing the run (.lock.pid: its pid, while held)
     checkpoints/
       step-0000500/            one complete checkpoint
         model.safetensors      weights (safetensors: loading never runs code)
@@ -14,15 +15,22 @@ Layout inside a run directory:
 
 A checkpoint is first written to a hidden temporary directory, flushed to disk and renamed into
 place; only then is `last` (or `best`) re-pointed, with an atomic rename of a fresh symlink.
-Killed at any moment, the run directory still holds the previous complete checkpoint.
+Killed at any moment, the run directory still holds the previous complete checkpoint. Weights
+that are not finite are never written, and a write that fails (a full disk) leaves nothing
+behind. One process writes a run directory at a time: `run_dir_lock`.
 """
 
 from __future__ import annotations
 
+import errno
 import json
+import logging
+import math
 import os
 import re
 import shutil
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -38,8 +46,25 @@ MODEL_CONFIG_FILE = "model_config.json"
 RUN_CONFIG_FILE = "config.yaml"
 TOKENIZER_FILE = "tokenizer.json"
 TRAINER_STATE_FILE = "trainer_state.pt"
+LOCK_FILE = ".lock"  # held by the process writing the run directory
+LOCK_PID_FILE = ".lock.pid"  # beside it (the lock file itself is truncated by each taker)
 TAGS = ("last", "best")
 _STEP_DIR = re.compile(r"^step-\d+(-\d+)?$")
+_TMP_PREFIX = ".tmp-"
+
+log = logging.getLogger(__name__)
+
+
+class RunDirInUse(ValueError):
+    """Another live process holds the run directory's lock."""
+
+
+class NonFiniteWeights(ValueError):
+    """The weights hold NaN or inf: such a model is not saved as a checkpoint."""
+
+
+class CheckpointNotWritten(OSError):
+    """Writing a checkpoint failed (e.g. the disk is full); nothing of it was left behind."""
 
 
 @dataclass
@@ -64,7 +89,7 @@ def _fsync(path: Path) -> None:
 
 def _point(checkpoints: Path, tag: str, target: str) -> None:
     """Atomically make checkpoints/<tag> a relative symlink to checkpoints/<target>."""
-    tmp = checkpoints / f".{tag}.tmp"
+    tmp = checkpoints / f"{_TMP_PREFIX}{tag}-{os.getpid()}"  # this process's own name
     if tmp.is_symlink() or tmp.exists():
         tmp.unlink()
     os.symlink(target, tmp)
@@ -72,13 +97,74 @@ def _point(checkpoints: Path, tag: str, target: str) -> None:
 
 
 def _remove_unreferenced(checkpoints: Path) -> None:
-    """Delete step directories no tag points at, and leftovers of interrupted saves."""
+    """Delete step directories no tag points at (this process's temporary ones are gone)."""
     keep = {os.readlink(checkpoints / tag) for tag in TAGS if (checkpoints / tag).is_symlink()}
     for entry in checkpoints.iterdir():
-        stale_tmp = entry.name.startswith(".tmp-")
-        old_step = _STEP_DIR.match(entry.name) and entry.name not in keep
-        if entry.is_dir() and not entry.is_symlink() and (stale_tmp or old_step):
+        if entry.is_dir() and not entry.is_symlink() and _STEP_DIR.match(entry.name) \
+                and entry.name not in keep:
             shutil.rmtree(entry, ignore_errors=True)
+
+
+def _remove_leftovers(checkpoints: Path) -> list[str]:
+    """Delete what killed writers left (temporary directories and links); call it only while
+    holding the run directory's lock, which proves that no other process is writing here."""
+    removed = []
+    for entry in checkpoints.glob(f"{_TMP_PREFIX}*") if checkpoints.is_dir() else ():
+        if entry.is_dir() and not entry.is_symlink():
+            shutil.rmtree(entry, ignore_errors=True)
+        else:
+            entry.unlink(missing_ok=True)
+        removed.append(entry.name)
+    return removed
+
+
+@contextmanager
+def run_dir_lock(run_dir: str | Path) -> Iterator[None]:
+    """Hold `run_dir`'s lock while writing it: a second process is refused (RunDirInUse, naming
+    the holder's pid). The OS drops the lock when its holder dies, even by kill -9, so a crashed
+    run never blocks its resume; what the dead writer left half-written is removed here."""
+    from filelock import FileLock, Timeout
+
+    run_dir = Path(run_dir)
+    created = not run_dir.exists()
+    run_dir.mkdir(parents=True, exist_ok=True)
+    lock = FileLock(run_dir / LOCK_FILE)
+    pid_file = run_dir / LOCK_PID_FILE
+    try:
+        lock.acquire(timeout=0)
+    except Timeout:
+        holder = pid_file.read_text().strip() if pid_file.is_file() else "unknown"
+        raise RunDirInUse(f"{run_dir} is in use by another process (pid {holder}); wait for it "
+                          "to end or choose another hydra.run.dir") from None
+    try:
+        pid_file.write_text(f"{os.getpid()}\n")
+        removed = _remove_leftovers(run_dir / CHECKPOINTS_DIR)
+        if removed:
+            log.info(f"removed what an interrupted save left in {run_dir / CHECKPOINTS_DIR}: "
+                     f"{', '.join(removed)}")
+        yield
+    finally:
+        pid_file.unlink(missing_ok=True)
+        lock.release()
+        if created and [p.name for p in run_dir.iterdir()] in ([LOCK_FILE], []):
+            # a run refused before its first file: leave no empty run directory behind
+            (run_dir / LOCK_FILE).unlink(missing_ok=True)
+            run_dir.rmdir()
+
+
+def check_finite(model: TinyLM) -> None:
+    """NonFiniteWeights naming the first parameter that holds NaN or inf."""
+    for name, p in model.named_parameters():
+        if not torch.isfinite(p).all():
+            raise NonFiniteWeights(f"the weights are not finite ({name} holds NaN or inf)")
+
+
+def mount_point(path: Path) -> Path:
+    """The mount point (the disk) that holds `path`."""
+    path = path.resolve()
+    while not os.path.ismount(path) and path != path.parent:
+        path = path.parent
+    return path
 
 
 def save_checkpoint(
@@ -98,6 +184,7 @@ def save_checkpoint(
             raise ValueError(f"checkpoint tag {tag!r} is not allowed; allowed: {', '.join(TAGS)}")
     model = getattr(model, "module", model)  # unwrap DistributedDataParallel
     model = getattr(model, "_orig_mod", model)  # unwrap torch.compile
+    check_finite(model)  # a diverged model is never named a checkpoint, let alone a good one
     checkpoints = Path(run_dir) / CHECKPOINTS_DIR
     checkpoints.mkdir(parents=True, exist_ok=True)
 
@@ -105,19 +192,29 @@ def save_checkpoint(
     name, n = f"step-{step:07d}", 1
     while (checkpoints / name).exists():
         name, n = f"step-{step:07d}-{n}", n + 1
-    tmp = checkpoints / f".tmp-{name}-{os.getpid()}"
+    tmp = checkpoints / f"{_TMP_PREFIX}{name}-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
-
-    save_model(model, str(tmp / WEIGHTS_FILE))  # handles the tied embedding / LM head
-    (tmp / MODEL_CONFIG_FILE).write_text(json.dumps(model.config.to_dict(), indent=2) + "\n")
-    (tmp / RUN_CONFIG_FILE).write_text(yaml.safe_dump(run_config, sort_keys=False))
-    tokenizer.save(str(tmp / TOKENIZER_FILE))
-    if trainer_state is not None:
-        torch.save(trainer_state, tmp / TRAINER_STATE_FILE)
-    for file in tmp.iterdir():
-        _fsync(file)
-    _fsync(tmp)
+    try:
+        save_model(model, str(tmp / WEIGHTS_FILE))  # handles the tied embedding / LM head
+        (tmp / MODEL_CONFIG_FILE).write_text(json.dumps(model.config.to_dict(), indent=2) + "\n")
+        (tmp / RUN_CONFIG_FILE).write_text(yaml.safe_dump(run_config, sort_keys=False))
+        tokenizer.save(str(tmp / TOKENIZER_FILE))
+        if trainer_state is not None:
+            torch.save(trainer_state, tmp / TRAINER_STATE_FILE)
+        for file in tmp.iterdir():
+            _fsync(file)
+        _fsync(tmp)
+    except (OSError, RuntimeError) as err:  # torch.save reports a full disk as RuntimeError
+        shutil.rmtree(tmp, ignore_errors=True)
+        disk = mount_point(checkpoints)
+        free = shutil.disk_usage(disk).free
+        full = getattr(err, "errno", None) == errno.ENOSPC or "No space" in str(err) or \
+            free < 2 * sum(p.numel() * p.element_size() for p in model.parameters())
+        reason = f"no space left on {disk} ({free / 2**20:.1f} MiB free)" if full else \
+            f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"
+        raise CheckpointNotWritten(f"the checkpoint of step {step} could not be written to "
+                                   f"{checkpoints}: {reason}") from err
 
     os.rename(tmp, checkpoints / name)
     _fsync(checkpoints)
@@ -126,6 +223,14 @@ def save_checkpoint(
     _fsync(checkpoints)
     _remove_unreferenced(checkpoints)
     return checkpoints / name
+
+
+def _warn_dangling(base: Path, chosen: str) -> None:
+    """Say so when a tag was passed over because its link points at nothing."""
+    for tag in TAGS:
+        if tag != chosen and (base / tag).is_symlink() and not (base / tag).exists():
+            log.warning(f"{base / tag} points at {os.readlink(base / tag)}, which is missing; "
+                        f"using {chosen} ({(base / chosen).resolve().name}) instead")
 
 
 def resolve_checkpoint_dir(path: str | Path, prefer: str = "best") -> Path:
@@ -143,20 +248,68 @@ def resolve_checkpoint_dir(path: str | Path, prefer: str = "best") -> Path:
     for base in (path, path / CHECKPOINTS_DIR):
         for tag in order:
             if (base / tag).is_dir():
+                _warn_dangling(base, tag)
                 return (base / tag).resolve()
     raise FileNotFoundError(
         f"no checkpoint found in {path}: expected {path / WEIGHTS_FILE}, or "
         f"{path / CHECKPOINTS_DIR}/best or {path / CHECKPOINTS_DIR}/last")
 
 
-def _read_model_config(file: Path) -> ModelConfig:
+TRAINER_STATE_KEYS = ("step", "best_val_loss", "tokens_seen", "world_size", "optimizer", "scaler",
+                      "sampler", "rng_cpu", "rng_cuda")
+
+
+def load_trainer_state(file: Path) -> dict:
+    """trainer_state.pt as saved by training; anything else is refused in one line naming it.
+
+    Only tensors and plain containers load (weights_only): a pickle that would run code is
+    refused, and PyTorch's hint to retry with weights_only=False is never passed on.
+    """
+    import pickle
+
+    not_ours = f"{file} is not a tinylm trainer state"
     try:
-        values = json.loads(file.read_text())
-        return ModelConfig(**values)
+        state = torch.load(file, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError:  # objects other than tensors and containers
+        raise ValueError(f"{not_ours}: it holds objects that only an unsafe load could build; "
+                         "it was not loaded") from None
+    except (OSError, RuntimeError, EOFError, ValueError) as err:
+        raise ValueError(f"{not_ours}: it cannot be read (truncated or corrupt: "
+                         f"{type(err).__name__})") from None
+    missing = [k for k in TRAINER_STATE_KEYS if not isinstance(state, dict) or k not in state]
+    if missing:
+        raise ValueError(f"{not_ours}: it lacks {', '.join(missing)}")
+    return state
+
+
+def _read_model_config(file: Path, weights: Path) -> ModelConfig:
+    """The model config, checked against the weights file before any memory is allocated."""
+    from safetensors import SafetensorError, safe_open
+
+    try:
+        values = json.loads(file.read_text(encoding="utf-8"))
+        config = ModelConfig(**values)
     except FileNotFoundError:
         raise FileNotFoundError(f"checkpoint is missing {file}") from None
-    except (json.JSONDecodeError, TypeError, ValueError) as err:
-        raise ValueError(f"{file} is not a valid model config: {err}") from err
+    except (json.JSONDecodeError, UnicodeDecodeError, TypeError, ValueError) as err:
+        raise ValueError(f"{file} is not a valid model config: {str(err).splitlines()[0]}"
+                         ) from None
+    if not weights.is_file():
+        raise FileNotFoundError(f"checkpoint is missing its weights file {weights}")
+    # The model the config describes, on the meta device: shapes only, no memory. An absurd
+    # config (n_embd: 400000000) then cannot ask for terabytes: it must match the weights file.
+    with torch.device("meta"):
+        wanted = sum(p.numel() for p in TinyLM(config).parameters())
+    try:
+        with safe_open(str(weights), "pt") as f:
+            stored = sum(math.prod(f.get_slice(k).get_shape()) for k in f.keys())
+    except (SafetensorError, OSError) as err:
+        raise ValueError(f"{weights} is not a safetensors file (truncated or corrupt?): "
+                         f"{str(err).splitlines()[0]}") from None
+    if wanted != stored:
+        raise ValueError(f"{file} describes a model of {wanted:,} parameters but {weights} "
+                         f"holds {stored:,}: they are not one checkpoint")
+    return config
 
 
 def load_checkpoint(path: str | Path, device: str | torch.device = "cpu",
@@ -168,11 +321,8 @@ def load_checkpoint(path: str | Path, device: str | torch.device = "cpu",
     from tinylm.tokenizer import load_tokenizer
 
     directory = resolve_checkpoint_dir(path, prefer)
-    config = _read_model_config(directory / MODEL_CONFIG_FILE)
-
     weights = directory / WEIGHTS_FILE
-    if not weights.is_file():
-        raise FileNotFoundError(f"checkpoint is missing its weights file {weights}")
+    config = _read_model_config(directory / MODEL_CONFIG_FILE, weights)
     model = TinyLM(config)
     try:
         load_model(model, str(weights), strict=True)

@@ -40,6 +40,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from tinylm.config import integer, number, one_of
 from tinylm.sources import (
     check_embedded,
     check_hub_reachable,
@@ -64,7 +65,7 @@ ENCODE_CHUNK = 1 << 20  # characters of rows encoded together (tokenizers spread
 
 @dataclass
 class DataConfig:
-    """Which corpus to read and how to cut it; mirrors conf/data/*.yaml."""
+    """Which corpus to read and how to cut it; schema of conf/data/*.yaml (defaults: here only)."""
 
     name: str = "tinystories"  # the cache goes to <cache_dir>/<name>-<tokenizer.name>/
     source: str = "local"  # local: `files` below | hub: datasets.load_dataset(hub_id)
@@ -86,16 +87,11 @@ class DataConfig:
     on_decode_error: str = "strict"  # strict: stop at invalid UTF-8 | replace: use U+FFFD
 
     def __post_init__(self):
-        if isinstance(self.files, str):  # data.files=notes.txt on the command line
-            self.files = [self.files]
         for key, allowed in (("source", SOURCES), ("sample_by", SAMPLE_BY), ("split", SPLITS),
                              ("on_decode_error", ON_DECODE_ERROR)):
-            if getattr(self, key) not in allowed:
-                raise ValueError(f"data.{key}={getattr(self, key)!r} is not allowed; "
-                                 f"allowed: {', '.join(allowed)}")
-        if not (isinstance(self.val_fraction, float | int) and 0 < self.val_fraction < 1):
-            raise ValueError(f"data.val_fraction={self.val_fraction!r} is not allowed: "
-                             "must be between 0 and 1 (exclusive)")
+            one_of(f"data.{key}", getattr(self, key), allowed)
+        number("data.val_fraction", self.val_fraction, 0, 1, low_open=True, high_open=True)
+        integer("data.split_seed", self.split_seed)
         if self.source == "hub" and not self.hub_id:
             raise ValueError(f"data.source=hub needs data.hub_id (corpus {self.name!r} has none)")
         if self.source == "local" and not self.files:
@@ -104,10 +100,7 @@ class DataConfig:
         if not isinstance(self.files, list) or not all(isinstance(f, str) for f in self.files):
             raise ValueError(f"data.files={self.files!r} is not allowed: must be a list of "
                              "paths or globs")
-        if self.max_documents is not None and (not isinstance(self.max_documents, int)
-                                               or self.max_documents < 2):
-            raise ValueError(f"data.max_documents={self.max_documents!r} is not allowed: "
-                             "must be an integer >= 2, or null for all")
+        integer("data.max_documents", self.max_documents, least=2, null="for all")
         if not self.name or "/" in self.name:
             raise ValueError(f"data.name={self.name!r} is not allowed: it names the cache "
                              "directory, so it must be non-empty and without '/'")
@@ -482,18 +475,26 @@ def prepare_data(data_cfg: DataConfig, tok_cfg: TokenizerConfig, *, force: bool 
 
 # ------------------------------------------------------------------------------ batch sampling
 
-def _require_window(n_tokens: int, block_size: int, what: str) -> None:
+def _require_window(n_tokens: int, block_size: int, what: str,
+                    advice: str = "use a longer corpus or a smaller model.block_size") -> None:
     if n_tokens < block_size + 1:
         raise ValueError(f"{what} holds {n_tokens:,} tokens, fewer than one training window of "
-                         f"model.block_size + 1 = {block_size + 1}; use a longer corpus, a larger "
-                         "data.val_fraction or a smaller model.block_size")
+                         f"model.block_size + 1 = {block_size + 1}; {advice}")
 
 
 def check_enough_tokens(prepared: PreparedData, block_size: int) -> None:
-    """Raise ValueError unless train and val both hold at least one window of block_size + 1."""
-    for split in ("train", "val"):
-        _require_window(prepared.meta[f"{split}_tokens"], block_size,
-                        f"{prepared.directory / f'{split}.bin'}")
+    """Raise ValueError unless train and val both hold at least one window of block_size + 1.
+
+    The advice fits the split that is short: more validation text takes it from training.
+    """
+    n_train, n_val = (prepared.meta[f"{split}_tokens"] for split in ("train", "val"))
+    fits = min(n_train, n_val) - 1  # the largest block_size both splits hold a window of
+    smaller = f"model.block_size={fits}" if fits >= 1 else "a smaller model.block_size"
+    _require_window(n_train, block_size, f"{prepared.directory / 'train.bin'}",
+                    f"use a longer corpus or {smaller}")
+    _require_window(n_val, block_size, f"{prepared.directory / 'val.bin'}",
+                    f"use {smaller}, a longer corpus, or a larger data.val_fraction (now the "
+                    f"training split holds {n_train:,} tokens)")
 
 
 class BatchSampler:

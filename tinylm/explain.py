@@ -24,6 +24,7 @@ from typing import Any, NamedTuple
 import torch
 
 from tinylm.attention import AttentionSteps, MultiHeadAttention, attention_steps
+from tinylm.config import flag, integer
 
 # The explainer's worked example (../shared/docs/attention-explainer.md): 3 tokens, d = 2, Q = K.
 EXAMPLE_Q = [[1.0, 0.0], [0.0, 1.0], [1.0, 1.0]]
@@ -34,7 +35,7 @@ MAX_WIDTH = 100  # tables are set side by side while they fit in this many colum
 
 @dataclass
 class ExplainConfig:
-    """What tinylm-explain shows; mirrors conf/explain.yaml."""
+    """What tinylm-explain shows; the schema of conf/explain.yaml (defaults: here only)."""
 
     q: list | None = None  # queries: list of rows (T_q, d); default the explainer's example
     k: list | None = None  # keys (T_k, d); default: K = Q
@@ -57,15 +58,11 @@ class ExplainConfig:
 
     def __post_init__(self):
         for name, low in (("digits", 0), ("top", 1), ("layer", 0), ("head", 0)):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < low:
-                raise ValueError(f"{name}={value!r} is not allowed: must be an integer >= {low}")
+            integer(name, getattr(self, name), least=low)
         for name in ("n_head", "d_model"):
-            value = getattr(self, name)
-            if value is not None and (not isinstance(value, int) or isinstance(value, bool)
-                                      or value < 1):
-                raise ValueError(f"{name}={value!r} is not allowed: must be an integer >= 1 "
-                                 "or null")
+            integer(name, getattr(self, name), least=1, null="for the default")
+        integer("seed", self.seed)
+        flag("causal", self.causal)
         inline = [n for n in QKV_FILE_KEYS if getattr(self, n) is not None]
         if self.qkv_file is not None and inline:
             raise ValueError(f"give the matrices either in qkv_file={self.qkv_file!r} or on the "

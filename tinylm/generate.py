@@ -18,12 +18,19 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from tinylm.config import ConfigError, bad, flag, integer, number, one_of
 from tinylm.model import TinyLM
+
+# The smallest temperature above 0. Sampling divides the logits by it: at 1e-45 every logit
+# overflows float32 to +-inf and softmax returns NaN. Far above that, below 1e-3, sampling is
+# already greedy but for near-exact ties (a logit gap of 0.01 leaves the runner-up e^-10), so a
+# smaller value only adds the risk of overflow: temperature=0 (argmax) says greedy plainly.
+MIN_TEMPERATURE = 1e-3
 
 
 @dataclass
 class GenerateConfig:
-    """Options of tinylm-generate; mirrors conf/generate.yaml."""
+    """Options of tinylm-generate; the schema of conf/generate.yaml (defaults: here only)."""
 
     checkpoint: str | None = None  # a run directory, its checkpoints/, or one checkpoint directory
     prompt: str | None = ""  # empty: start from <|endoftext|>, i.e. a fresh story
@@ -42,23 +49,21 @@ class GenerateConfig:
     top_words: int = 3  # inspect: earlier words listed per head for each pronoun
 
     def __post_init__(self):
-        def bad(key, rule):
-            return ValueError(f"{key}={getattr(self, key)!r} is not allowed: {rule}")
-
-        if self.max_new_tokens < 0:
-            raise bad("max_new_tokens", "must be >= 0")
-        if self.temperature < 0:
-            raise bad("temperature", "must be >= 0 (0 = greedy)")
-        if self.top_k is not None and self.top_k < 1:
-            raise bad("top_k", "must be >= 1, or null for no limit")
-        if self.top_p is not None and not 0.0 < self.top_p <= 1.0:
-            raise bad("top_p", "must be in (0, 1], or null for no limit")
-        if self.num_samples < 1:
-            raise bad("num_samples", "must be >= 1")
-        if self.top_words < 1:
-            raise bad("top_words", "must be >= 1")
-        if self.prefer not in ("best", "last"):
-            raise bad("prefer", "must be best or last")
+        integer("max_new_tokens", self.max_new_tokens, least=0)
+        if self.temperature != 0:
+            try:
+                number("temperature", self.temperature, low=MIN_TEMPERATURE)
+            except ConfigError:
+                raise bad("temperature", self.temperature, "must be 0 (greedy) or a finite "
+                          f"number >= {MIN_TEMPERATURE:g}") from None
+        integer("top_k", self.top_k, least=1, null="for no limit")
+        number("top_p", self.top_p, 0, 1, low_open=True, null="for no limit")
+        integer("seed", self.seed)
+        integer("num_samples", self.num_samples, least=1)
+        integer("top_words", self.top_words, least=1)
+        flag("use_cache", self.use_cache)
+        flag("inspect", self.inspect)
+        one_of("prefer", self.prefer, ("best", "last"))
         if self.prompt and self.prompt_file:
             raise ValueError("give either prompt= or prompt_file=, not both")
 
@@ -203,9 +208,15 @@ def _read_prompt(cfg: GenerateConfig) -> str:
     if not cfg.prompt_file:
         return cfg.prompt
     path = Path(cfg.prompt_file)
+    if path.is_dir():
+        raise ValueError(f"prompt_file={path} is a directory; name a UTF-8 text file")
     if not path.is_file():
         raise FileNotFoundError(f"prompt_file {path} does not exist")
-    return path.read_text(encoding="utf-8")
+    try:
+        return path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as err:
+        raise ValueError(f"prompt_file {path} is not UTF-8 text (byte {err.start}: "
+                         f"{err.reason})") from None
 
 
 def run_generate(cfg: GenerateConfig, out=None) -> list[str]:

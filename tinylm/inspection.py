@@ -369,6 +369,7 @@ def write_inspection(capture: AttentionCapture, logdir: str | Path, prompt_chars
         log_figure,
         pronoun_bar_figure,
     )
+    from tinylm.tensorboard_plugin.summary import write_attention
 
     logdir = Path(logdir)
     logdir.mkdir(parents=True, exist_ok=True)
@@ -387,6 +388,7 @@ def write_inspection(capture: AttentionCapture, logdir: str | Path, prompt_chars
 
     writer = SummaryWriter(log_dir=str(logdir))
     try:
+        write_attention(writer, "inspect", capture, 0)  # the "tinylm attention" tab
         prompt, rest = capture.text[:prompt_chars].rstrip(), capture.text[prompt_chars:]
         rest = capture.text[len(prompt):prompt_chars] + rest  # keep emphasis off trailing spaces
         writer.add_text("text/generated", (f"**{_md(prompt)}**" if prompt.strip() else "")

@@ -19,12 +19,13 @@ import torch.nn.functional as F
 from torch import nn
 
 from tinylm.attention import KVCache, MultiHeadAttention
+from tinylm.config import divisible, flag, integer, number
 from tinylm.loss import lm_head_cross_entropy
 
 
 @dataclass
 class ModelConfig:
-    """Shape of the model; mirrors conf/model/*.yaml."""
+    """Shape of the model; the schema of conf/model/*.yaml (defaults: here only)."""
 
     vocab_size: int | None = None  # None: taken from the tokenizer when training starts
     block_size: int = 128  # longest context, in tokens
@@ -36,18 +37,11 @@ class ModelConfig:
 
     def __post_init__(self):
         for name in ("block_size", "n_layer", "n_head", "n_embd"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ValueError(f"model.{name}={value!r} is not allowed: must be an integer >= 1")
-        if self.vocab_size is not None and (not isinstance(self.vocab_size, int)
-                                            or self.vocab_size < 1):
-            raise ValueError(f"model.vocab_size={self.vocab_size!r} is not allowed: "
-                             "must be an integer >= 1, or null to take it from the tokenizer")
-        if self.n_embd % self.n_head != 0:
-            raise ValueError(f"model.n_embd={self.n_embd} is not allowed: must be divisible by "
-                             f"model.n_head={self.n_head}")
-        if not 0.0 <= self.dropout < 1.0:
-            raise ValueError(f"model.dropout={self.dropout!r} is not allowed: must be in [0, 1)")
+            integer(f"model.{name}", getattr(self, name), least=1)
+        integer("model.vocab_size", self.vocab_size, least=1, null="to take it from the tokenizer")
+        divisible("model.n_embd", self.n_embd, "model.n_head", self.n_head)
+        number("model.dropout", self.dropout, 0, 1, high_open=True)
+        flag("model.bias", self.bias)
 
     def to_dict(self) -> dict:
         return asdict(self)

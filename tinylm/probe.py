@@ -59,11 +59,13 @@ import re
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
 
 from tinylm import deciding
+from tinylm.config import flag, integer, one_of
 from tinylm.inspection import (
     PRONOUNS,
     deciding_token,
@@ -81,10 +83,11 @@ WORD_CHAR = re.compile(r"\w")
 
 @dataclass
 class ProbeConfig:
-    """Options of tinylm-probe; mirrors conf/probe.yaml."""
+    """Options of tinylm-probe; the schema of conf/probe.yaml (defaults: here only)."""
 
     checkpoint: str | None = None  # a run directory, its checkpoints/, or one checkpoint directory
-    probe_file: str | list[str] | None = None  # JSONL file(s); None: the shipped data/probes/ sets
+    # JSONL file(s); None: the shipped data/probes/ sets. Any: OmegaConf has no "str or list"
+    probe_file: Any = None
     out: str | None = None  # the JSON report; None: <logdir>/probe.json
     logdir: str | None = None  # TensorBoard heatmaps; None: <run dir>/probe/<timestamp>
     ablate: bool = False  # zero each head in turn and measure the agreement margins
@@ -101,11 +104,9 @@ class ProbeConfig:
             raise ValueError(f"probe_file={self.probe_file!r} is not allowed: give a JSONL path, "
                              "a list of them, or null for the shipped probe sets")
         for key in ("top_heads", "batch_size"):
-            if not isinstance(getattr(self, key), int) or getattr(self, key) < 1:
-                raise ValueError(f"{key}={getattr(self, key)!r} is not allowed: must be an "
-                                 "integer >= 1")
-        if self.prefer not in ("best", "last"):
-            raise ValueError(f"prefer={self.prefer!r} is not allowed: must be best or last")
+            integer(key, getattr(self, key), least=1)
+        flag("ablate", self.ablate)
+        one_of("prefer", self.prefer, ("best", "last"))
 
 
 class ProbeFileError(ValueError):
@@ -220,15 +221,23 @@ def load_probe_file(path: str | Path) -> list[ProbeItem]:
     if not path.is_file():
         raise FileNotFoundError(f"probe file {path} does not exist")
     items = []
-    with path.open(encoding="utf-8") as f:
-        for n, line in enumerate(f, start=1):
+    with path.open("rb") as f:
+        for n, raw in enumerate(f, start=1):
+            where = f"{path}, line {n}"
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as err:
+                raise ProbeFileError(f"{where}: not valid UTF-8 (byte {err.start + 1} of the "
+                                     f"line: {err.reason})") from None
             if not line.strip():
                 continue
-            where = f"{path}, line {n}"
             try:
                 obj = json.loads(line)
             except json.JSONDecodeError as err:
                 raise ProbeFileError(f"{where}: invalid JSON ({err.msg} at column {err.colno})"
+                                     ) from None
+            except RecursionError:  # [[[[...]]]] deeper than Python's stack
+                raise ProbeFileError(f"{where}: JSON nested too deeply to be a probe item"
                                      ) from None
             items.append(parse_item(obj, where))
     if not items:
@@ -591,8 +600,11 @@ def write_json_atomic(path: Path, data: dict) -> None:
     """Write JSON to a temporary file, then rename it into place: never a half-written report."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    tmp.write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
-    os.replace(tmp, path)
+    try:
+        tmp.write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
 
 
 def write_tensorboard(report: dict, logdir: Path, n_layer: int, n_head: int,
@@ -689,6 +701,9 @@ def run_probe(cfg: ProbeConfig, out=None) -> dict:
     out = out or sys.stdout
     if not cfg.checkpoint:
         raise ValueError("checkpoint= is required: a run directory or a checkpoint directory")
+    if cfg.out and Path(cfg.out).is_dir():  # refused before the work, not when writing it
+        raise ValueError(f"out={cfg.out} is a directory; name the report file, e.g. "
+                         f"out={Path(cfg.out) / 'probe.json'}")
     files = probe_files(cfg)
     items = [item for path in files for item in load_probe_file(path)]
     device = resolve_device(cfg.device)

@@ -70,6 +70,10 @@ def resolve_files(root: Path, patterns: list[str], corpus: str, why: str) -> lis
     pattern matches nothing."""
     files, missing = [], []
     for pattern in patterns:
+        if (root / Path(pattern).expanduser()).is_dir():
+            example = f"{pattern.rstrip('/')}/*.txt"
+            raise ValueError(f"data.files: {pattern} is a directory ({root / pattern}); name "
+                             f"the files in it, e.g. 'data.files=[{example}]'")
         matches = _match(root, pattern)
         if not matches:
             missing.append(pattern)

@@ -21,6 +21,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
+from tinylm.config import integer, one_of
+
 EOT = "<|endoftext|>"  # separates documents in the token stream; the model learns "story over"
 N_BYTES = 256  # byte-level BPE starts from one symbol per byte value
 TOKENIZER_NAMES = ("bpe", "char")
@@ -28,31 +30,22 @@ TOKENIZER_NAMES = ("bpe", "char")
 
 @dataclass
 class TokenizerConfig:
-    """Which tokenizer to train; mirrors conf/tokenizer/*.yaml."""
+    """Which tokenizer to train; the schema of conf/tokenizer/*.yaml (defaults: here only)."""
 
     name: str = "bpe"  # bpe: byte-level BPE | char: one id per distinct character
     vocab_size: int | None = 4096  # bpe: target size incl. 256 bytes + <|endoftext|>; char: null
     train_bytes: int = 100_000_000  # bpe learns its merges on at most this much training text
 
     def __post_init__(self):
-        if self.name not in TOKENIZER_NAMES:
-            raise ValueError(f"tokenizer.name={self.name!r} is not allowed; "
-                             f"allowed: {', '.join(TOKENIZER_NAMES)}")
+        one_of("tokenizer.name", self.name, TOKENIZER_NAMES)
         if self.name == "char" and self.vocab_size is not None:
             raise ValueError(f"tokenizer.vocab_size={self.vocab_size!r} is not allowed for "
                              "tokenizer=char: its vocabulary is the corpus's characters; "
                              "leave it null")
-        if (not isinstance(self.train_bytes, int) or isinstance(self.train_bytes, bool)
-                or self.train_bytes < 1):
-            raise ValueError(f"tokenizer.train_bytes={self.train_bytes!r} is not allowed: must "
-                             "be a positive number of bytes, e.g. 100000000")
+        integer("tokenizer.train_bytes", self.train_bytes, least=1)
         if self.name == "bpe":
-            smallest = N_BYTES + 1
-            if (not isinstance(self.vocab_size, int) or isinstance(self.vocab_size, bool)
-                    or self.vocab_size < smallest):
-                raise ValueError(f"tokenizer.vocab_size={self.vocab_size!r} is too small for "
-                                 f"byte-level BPE: it needs at least {smallest} ({N_BYTES} byte "
-                                 f"symbols + the special token {EOT})")
+            # byte-level BPE needs the 256 byte symbols and the special token <|endoftext|>
+            integer("tokenizer.vocab_size", self.vocab_size, least=N_BYTES + 1)
 
 
 class Tokenizer(ABC):
@@ -249,11 +242,15 @@ def load_tokenizer(path: str | Path) -> Tokenizer:
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"tokenizer file {path} does not exist")
-    text = path.read_text(encoding="utf-8")
     try:
+        text = path.read_text(encoding="utf-8")
         data = json.loads(text)
-    except json.JSONDecodeError as err:
-        raise ValueError(f"{path} is not a tokenizer: invalid JSON ({err})") from None
+    except UnicodeDecodeError as err:
+        raise ValueError(f"{path} is not a tokenizer: not UTF-8 text (byte {err.start})"
+                         ) from None
+    except (json.JSONDecodeError, RecursionError) as err:
+        raise ValueError(f"{path} is not a tokenizer: invalid JSON "
+                         f"({getattr(err, 'msg', 'nested too deeply')})") from None
     if isinstance(data, dict) and data.get("kind") == "tinylm-char":
         if not isinstance(data.get("chars"), list):
             raise ValueError(f"{path} is a char tokenizer without its \"chars\" list")
@@ -262,6 +259,10 @@ def load_tokenizer(path: str | Path) -> Tokenizer:
             and data["model"].get("type") == "BPE":
         from tokenizers import Tokenizer as HFTokenizer
 
-        return BPETokenizer(HFTokenizer.from_str(text))
+        try:
+            return BPETokenizer(HFTokenizer.from_str(text))
+        except Exception as err:  # the Rust side raises plain Exception: "Missing vocab/merges"
+            raise ValueError(f"{path} is not a usable BPE tokenizer: "
+                             f"{str(err).splitlines()[0]}") from None
     raise ValueError(f"{path} is not a tinylm tokenizer: expected a char tokenizer "
                      "(\"kind\": \"tinylm-char\") or an HF tokenizers BPE file")

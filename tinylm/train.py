@@ -42,11 +42,15 @@ from tinylm.checkpoint import (
     CHECKPOINTS_DIR,
     TOKENIZER_FILE,
     TRAINER_STATE_FILE,
+    CheckpointNotWritten,
+    NonFiniteWeights,
     load_checkpoint,
+    load_trainer_state,
     resolve_checkpoint_dir,
+    run_dir_lock,
     save_checkpoint,
 )
-from tinylm.config import ConfigError, to_dataclass
+from tinylm.config import ConfigError, bad, flag, integer, number, one_of, to_dataclass
 from tinylm.data import BatchSampler, DataConfig, check_enough_tokens, prepare_data
 from tinylm.device import resolve_device
 from tinylm.model import ModelConfig, TinyLM
@@ -58,13 +62,9 @@ PRECISIONS = ("auto", "fp32", "bf16", "fp16")
 TENSORBOARD_DIR = "tensorboard"
 
 
-def _bad(key: str, value: Any, rule: str) -> ConfigError:
-    return ConfigError(f"{key}={value!r} is not allowed: {rule}")
-
-
 @dataclass
 class OptimConfig:
-    """AdamW and its learning-rate schedule; mirrors conf/optim/*.yaml."""
+    """AdamW and its learning-rate schedule; schema of conf/optim/*.yaml (defaults: here only)."""
 
     lr: float = 2e-3  # peak learning rate, reached after warmup_steps
     min_lr: float = 1e-4  # where the cosine ends
@@ -77,27 +77,23 @@ class OptimConfig:
 
     def __post_init__(self):
         for key in ("lr", "min_lr", "weight_decay", "grad_clip"):
-            value = getattr(self, key)
-            if not isinstance(value, int | float) or isinstance(value, bool) or value < 0:
-                raise _bad(f"optim.{key}", value, "must be a number >= 0")
+            number(f"optim.{key}", getattr(self, key), low=0)
         if self.min_lr > self.lr:
-            raise _bad("optim.min_lr", self.min_lr, f"must be <= optim.lr={self.lr}")
+            raise bad("optim.min_lr", self.min_lr, f"must be <= optim.lr={self.lr}")
         for key in ("beta1", "beta2"):
-            if not 0 <= getattr(self, key) < 1:
-                raise _bad(f"optim.{key}", getattr(self, key), "must be in [0, 1)")
-        if not isinstance(self.warmup_steps, int) or self.warmup_steps < 0:
-            raise _bad("optim.warmup_steps", self.warmup_steps, "must be an integer >= 0")
-        if self.lr_decay_steps is not None and (not isinstance(self.lr_decay_steps, int)
-                                                or self.lr_decay_steps < 1):
-            raise _bad("optim.lr_decay_steps", self.lr_decay_steps,
-                       "must be an integer >= 1, or null for train.max_steps")
+            number(f"optim.{key}", getattr(self, key), 0, 1, high_open=True)
+        integer("optim.warmup_steps", self.warmup_steps, least=0)
+        integer("optim.lr_decay_steps", self.lr_decay_steps, least=1, null="for train.max_steps")
 
 
 @dataclass
 class TrainConfig:
-    """The training loop, evaluation, logging and checkpoints; mirrors conf/train/*.yaml."""
+    """The training loop, evaluation, logging, checkpoints.
 
-    max_steps: int = 2000
+    The schema of conf/train/*.yaml: each default is written here only.
+    """
+
+    max_steps: int = 2000  # the default run: ~5.5 minutes on 2 quiet CPU cores (bf16)
     batch_size: int = 16  # sequences per micro-batch (per process under torchrun)
     grad_accum_steps: int = 1  # micro-batches whose gradients add up to one optimizer step
     eval_interval: int = 250  # steps between evaluations
@@ -117,15 +113,14 @@ class TrainConfig:
         for key, least in (("max_steps", 1), ("batch_size", 1), ("grad_accum_steps", 1),
                            ("eval_interval", 1), ("eval_batches", 1), ("checkpoint_interval", 0),
                            ("log_interval", 1), ("sample_tokens", 0)):
-            value = getattr(self, key)
-            if not isinstance(value, int) or isinstance(value, bool) or value < least:
-                raise _bad(f"train.{key}", value, f"must be an integer >= {least}")
-        if self.precision not in PRECISIONS:
-            raise _bad("train.precision", self.precision, f"allowed: {', '.join(PRECISIONS)}")
+            integer(f"train.{key}", getattr(self, key), least)
+        integer("train.seed", self.seed)
+        one_of("train.precision", self.precision, PRECISIONS)
+        flag("train.compile", self.compile)
         if not isinstance(self.resume, bool) and not (isinstance(self.resume, str)
                                                       and self.resume):
-            raise _bad("train.resume", self.resume,
-                       "must be false, true or the path of a checkpoint or run directory")
+            raise bad("train.resume", self.resume,
+                      "must be false, true or the path of a checkpoint or run directory")
 
 
 @dataclass
@@ -169,6 +164,14 @@ class TrainingInterrupted(Exception):
         name = signal.Signals(signum).name
         where = f"saved {checkpoint}" if checkpoint else "nothing to save yet"
         super().__init__(f"{name} at step {step}: {where}")
+
+
+class StoppedAgain(KeyboardInterrupt):
+    """A second Ctrl-C or SIGTERM: stop at once, without a checkpoint (`signum` says which)."""
+
+    def __init__(self, signum: int):
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
 
 
 class TrainingDiverged(RuntimeError):
@@ -224,7 +227,7 @@ def resolve_precision(precision: str, device: torch.device) -> torch.dtype:
             getattr(cpu, "_is_amx_tile_supported", lambda: False)()
         return torch.bfloat16 if device.type == "cpu" and fast_bf16 else torch.float32
     if precision == "fp16" and device.type != "cuda":
-        raise _bad("train.precision", precision, "fp16 needs CUDA; use bf16 or fp32 on the CPU")
+        raise bad("train.precision", precision, "fp16 needs CUDA; use bf16 or fp32 on the CPU")
     return {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[precision]
 
 
@@ -278,7 +281,7 @@ class _StopSignals:
 
     def _handle(self, signum, frame):
         if self.signum is not None and self.abort_on_second:
-            raise KeyboardInterrupt
+            raise StoppedAgain(signum)
         self.signum = self.signum or signum
 
     def __enter__(self):
@@ -393,6 +396,7 @@ def _log_sample_and_attention(writer, model: TinyLM, tokenizer, cfg: TrainConfig
     from tinylm.generate import encode_prompt, generate
     from tinylm.inspection import capture_attention
     from tinylm.plots import attention_grid_figure, log_figure
+    from tinylm.tensorboard_plugin.summary import write_attention
 
     model.eval()
     if cfg.sample_tokens:
@@ -405,6 +409,7 @@ def _log_sample_and_attention(writer, model: TinyLM, tokenizer, cfg: TrainConfig
         writer.add_text("samples/text", "```\n" + text + "\n```", step)
     if cfg.probe_prompt:
         capture = capture_attention(model, tokenizer, cfg.probe_prompt)
+        write_attention(writer, "probe_prompt", capture, step)  # the "tinylm attention" tab
         for layer, weights in enumerate(capture.weights):
             fig = attention_grid_figure(weights, capture.tokens, f"layer {layer}, step {step}")
             log_figure(writer, f"attention/layer_{layer:02d}", fig, step)
@@ -467,7 +472,7 @@ class Trainer:
         if model_cfg.vocab_size is None:
             model_cfg = dataclasses.replace(model_cfg, vocab_size=self.tokenizer.vocab_size)
         elif model_cfg.vocab_size < self.tokenizer.vocab_size:
-            raise _bad("model.vocab_size", model_cfg.vocab_size, f"the tokenizer has "
+            raise bad("model.vocab_size", model_cfg.vocab_size, f"the tokenizer has "
                        f"{self.tokenizer.vocab_size} ids; use null or a larger value")
         try:
             check_enough_tokens(prepared, model_cfg.block_size)
@@ -526,9 +531,13 @@ class Trainer:
         ckpt = load_checkpoint(directory, device="cpu")
         _check_resume_matches(ckpt, self.model_cfg, self.cfg, tokenizer_file)
         self.model.load_state_dict(ckpt.model.state_dict())
-        state = torch.load(ckpt.trainer_state_path, map_location="cpu", weights_only=True)
-        self.optimizer.load_state_dict(state["optimizer"])
-        self.scaler.load_state_dict(state["scaler"])
+        state = load_trainer_state(ckpt.trainer_state_path)
+        try:
+            self.optimizer.load_state_dict(state["optimizer"])
+            self.scaler.load_state_dict(state["scaler"])
+        except (ValueError, KeyError, TypeError, RuntimeError) as err:
+            raise ValueError(f"{ckpt.trainer_state_path} does not fit this run's optimizer: "
+                             f"{str(err).splitlines()[0]}") from None
         self.step, self.best_val = state["step"], state["best_val_loss"]
         self.tokens_seen = state["tokens_seen"]
         if state["world_size"] == self.world_size:
@@ -559,8 +568,21 @@ class Trainer:
             "scaler": self.scaler.state_dict(), "sampler": [s[0] for s in states],
             "rng_cpu": [s[1] for s in states], "rng_cuda": [s[2] for s in states] if on_cuda
             else None}
-        save_checkpoint(self.run_dir, self.model, self.tokenizer, self.run_config.to_dict(),
-                        self.step, trainer_state, tags)
+        try:
+            save_checkpoint(self.run_dir, self.model, self.tokenizer,
+                            self.run_config.to_dict(), self.step, trainer_state, tags)
+        except NonFiniteWeights as err:
+            raise TrainingDiverged(f"training diverged by step {self.step}: {err}; "
+                                   f"{self._last_good()}; try a lower optim.lr (now "
+                                   f"{self.cfg.optim.lr}) or train.precision=fp32") from None
+        except CheckpointNotWritten as err:
+            raise CheckpointNotWritten(f"{err}; {self._last_good()}; make room, then continue "
+                                       f"with train.resume=true hydra.run.dir={self.run_dir}"
+                                       ) from None
+
+    def _last_good(self) -> str:
+        kept = self.last_checkpoint()
+        return f"the last good checkpoint is {kept}" if kept else "no checkpoint was saved yet"
 
     def last_checkpoint(self) -> Path | None:
         last = self.run_dir / CHECKPOINTS_DIR / "last"
@@ -595,12 +617,11 @@ class Trainer:
         loss /= self.world_size
         fp16_overflow = self.scaler.is_enabled()  # the scaler skips such steps by itself
         if not math.isfinite(loss) or not (math.isfinite(grad_norm) or fp16_overflow):
-            kept = self.last_checkpoint()
             raise TrainingDiverged(
                 f"training diverged at step {self.step + 1}: "
                 + (f"loss {loss}" if not math.isfinite(loss) else f"gradient norm {grad_norm}")
-                + (f"; the last good checkpoint is {kept}" if kept else "; no checkpoint yet")
-                + f"; try a lower optim.lr (now {self.cfg.optim.lr}) or train.precision=fp32")
+                + f"; {self._last_good()}; try a lower optim.lr (now {self.cfg.optim.lr}) or "
+                "train.precision=fp32")
         self.scaler.step(self.optimizer)
         self.scaler.update()
         self.optimizer.zero_grad(set_to_none=True)
@@ -706,7 +727,12 @@ class Trainer:
 def train(cfg: RunConfig) -> dict:
     """Train a model as `cfg` says; returns the final metrics and where things were written.
 
-    Raises ConfigError for bad input (before any work), TrainingInterrupted after Ctrl-C or
-    SIGTERM (a checkpoint saved first), TrainingDiverged when the loss stops being finite.
+    Raises ConfigError for bad input (before any work), RunDirInUse when another process writes
+    cfg.run_dir, TrainingInterrupted after Ctrl-C or SIGTERM (a checkpoint saved first),
+    TrainingDiverged when the loss or the weights stop being finite, CheckpointNotWritten when
+    a checkpoint cannot be written (a full disk).
     """
-    return Trainer(cfg).run()
+    rank, _, _ = init_distributed()
+    # rank 0 writes the run directory; the lock keeps a second run from writing it too
+    with run_dir_lock(cfg.run_dir) if rank == 0 else contextlib.nullcontext():
+        return Trainer(cfg).run()

@@ -7,24 +7,35 @@ override ends the command with one line naming the key and the keys allowed ther
 
 from __future__ import annotations
 
+import signal
 import sys
 from collections.abc import Callable
 from typing import TypeVar
 
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 T = TypeVar("T")
 
 
+def without_hydra(cfg: DictConfig) -> DictConfig:
+    """The composed config less its hydra node (check_command_line composes with it)."""
+    return OmegaConf.masked_copy(cfg, [key for key in cfg if key != "hydra"])
+
+
 def run_or_exit(command: str, action: Callable[[], T], interrupted: str = "interrupted",
                 errors: tuple[type[Exception], ...] = (ValueError, FileNotFoundError)) -> T:
-    """Run `action`; a bad input exits with one line `<command>: error: ...`, not a traceback."""
+    """Run `action`; a bad input exits with one line `<command>: error: ...`, not a traceback.
+
+    Ctrl-C exits with 130 and SIGTERM with 143 (128 + the signal), as a shell reports a process
+    the signal ended: a script running the command sees that it was stopped, not that it failed.
+    """
     try:
         return action()
     except errors as err:
         sys.exit(f"{command}: error: {err}")
-    except KeyboardInterrupt:
-        sys.exit(f"\n{command}: {interrupted}")
+    except KeyboardInterrupt as err:
+        print(f"\n{command}: {interrupted}", file=sys.stderr)
+        sys.exit(128 + getattr(err, "signum", signal.SIGINT))
 
 
 def check_command_line_or_exit(command: str, config_name: str,
@@ -35,7 +46,10 @@ def check_command_line_or_exit(command: str, config_name: str,
     """
     from hydra._internal.utils import get_args_parser
 
+    from tinylm.config import register_schemas
+
     args = get_args_parser().parse_args(sys.argv[1:])
+    run_or_exit(command, register_schemas)  # Hydra composes conf/ even for --help
     if args.help or args.hydra_help or args.info or args.shell_completion:
         return None
     return run_or_exit(command, lambda: check_command_line(
@@ -82,6 +96,7 @@ def check_command_line(overrides: list[str], config_name: str,
         for overrides_now in (fixed + extra for extra in candidates):
             try:
                 cfg = compose(config_name, overrides_now, return_hydra_config=True)
+                _refuse_loose_bools(cfg, parser.parse_overrides(overrides_now))
                 if build is not None:
                     build(cfg)
             except (HydraException, OmegaConfBaseException) as err:
@@ -91,6 +106,39 @@ def check_command_line(overrides: list[str], config_name: str,
                 raise ConfigError(_condense(err, culprit, defaults)) from None
             composed.append(cfg)
     return composed[0]
+
+
+def _refuse_loose_bools(cfg: DictConfig, overrides: list) -> None:
+    """OmegaConf reads "no", "off" or "0" given to a bool field as false; tinylm takes only true
+    or false there, so that a typo never flips a setting silently."""
+    from omegaconf import BooleanNode
+
+    from tinylm.config import ConfigError
+
+    for override in overrides:
+        key, value = override.key_or_group, override.value()
+        node = cfg
+        for part in key.split("."):
+            node = node._get_node(part) if isinstance(node, DictConfig) else None
+        if isinstance(node, BooleanNode) and not isinstance(value, bool):
+            raise ConfigError(f"{key}={value} is not allowed: must be true or false")
+
+
+def _type_rule(error) -> str:
+    """What the schema field that refused a value takes, e.g. "must be a float, or null"."""
+    import dataclasses
+    import types
+    import typing
+
+    kinds = {bool: "true or false", int: "an integer", float: "a float", str: "a string",
+             list: "a list, e.g. [a, b]", dict: "a mapping"}
+    if not dataclasses.is_dataclass(error.object_type):
+        return "of another type"
+    hint = typing.get_type_hints(error.object_type).get(error.key)
+    options = typing.get_args(hint) if isinstance(hint, types.UnionType) else (hint,)
+    names = [kinds.get(typing.get_origin(t) or t) for t in options if t is not type(None)]
+    rule = "must be " + " or ".join(n for n in names if n)
+    return rule + ", or null" if type(None) in options else rule
 
 
 def _parses(parser, override: str) -> bool:
@@ -120,8 +168,15 @@ def _condense(err: Exception, override: str | None, defaults: DictConfig | None)
 
     if isinstance(err, MissingConfigException) and err.options is not None:
         group = (err.missing_cfg_file or "").split("/")[0]
+        options = sorted(o for o in err.options if o != "schema")  # the base, not a choice
         return (f"{override or err.missing_cfg_file}: there is no {err.missing_cfg_file}.yaml; "
-                f"allowed {group} options: {', '.join(sorted(err.options)) or 'none'}")
+                f"allowed {group} options: {', '.join(options) or 'none'}")
+    from omegaconf.errors import ValidationError
+
+    wrong_type = err if isinstance(err, ValidationError) else err.__cause__
+    if isinstance(wrong_type, ValidationError) and wrong_type.full_key:
+        value = override.split("=", 1)[1] if override and "=" in override else wrong_type.value
+        return f"{wrong_type.full_key}={value} is not allowed: {_type_rule(wrong_type)}"
     text = f"{err} {err.__cause__ or ''}"
     found = re.search(r"Could not (?:override|delete|append to) '([^']+)'", text) or \
         re.search(r"Key '([^']+)' is not in struct", text)

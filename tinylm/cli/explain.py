@@ -12,19 +12,17 @@ import sys
 import hydra
 from omegaconf import DictConfig
 
-from tinylm.cli import check_command_line_or_exit, run_or_exit
+from tinylm.cli import check_command_line_or_exit, run_or_exit, without_hydra
 from tinylm.config import config_dir
 
 
-@hydra.main(version_base="1.3", config_path=str(config_dir()), config_name="explain")
+@hydra.main(version_base="1.3", config_path=str(config_dir(register=False)), config_name="explain")
 def _explain(cfg: DictConfig) -> None:
     """Compose conf/explain.yaml, print the walkthrough; bad inputs exit with one clear line."""
-    # the heavy imports (torch) wait until Hydra has parsed the command line, so --help is quick
-    from tinylm.config import to_dataclass
-    from tinylm.explain import ExplainConfig, explain
+    from tinylm.explain import explain
 
     text = run_or_exit("tinylm-explain",
-                       lambda: explain(to_dataclass(ExplainConfig, cfg, "explain")))
+                       lambda: explain(_config(cfg)))
     # a console that cannot show √ or · gets "?" instead of a crash
     sys.stdout.reconfigure(errors="replace")
     try:
@@ -33,10 +31,18 @@ def _explain(cfg: DictConfig) -> None:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
 
 
+def _config(cfg: DictConfig):
+    """ExplainConfig from the composed config: every value checked."""
+    from tinylm.config import to_dataclass
+    from tinylm.explain import ExplainConfig
+
+    return to_dataclass(ExplainConfig, without_hydra(cfg), "explain")
+
+
 def main() -> None:
     """Console entry: check the command line (one line per mistake), then hand it to Hydra."""
-    check_command_line_or_exit("tinylm-explain", "explain")
-    _explain()
+    check_command_line_or_exit("tinylm-explain", "explain", _config)
+    run_or_exit("tinylm-explain", _explain, errors=())  # a Ctrl-C while starting: 130
 
 
 if __name__ == "__main__":

@@ -23,7 +23,7 @@ from tinylm.config import config_dir
 NO_RUN_DIR = ("hydra.run.dir=.", "hydra.output_subdir=null", "hydra/job_logging=none")
 
 
-@hydra.main(version_base="1.3", config_path=str(config_dir()), config_name="config")
+@hydra.main(version_base="1.3", config_path=str(config_dir(register=False)), config_name="config")
 def _prepare(cfg: DictConfig) -> None:
     # the heavy imports wait until Hydra has parsed the command line, so --help is quick
     from tinylm.config import to_dataclass
@@ -42,7 +42,7 @@ def main() -> None:
     check_command_line_or_exit("tinylm-prepare", "config")
     given = {arg.split("=", 1)[0].lstrip("+~") for arg in sys.argv[1:]}
     sys.argv[1:1] = [o for o in NO_RUN_DIR if o.split("=", 1)[0] not in given]
-    _prepare()
+    run_or_exit("tinylm-prepare", _prepare, errors=())  # a Ctrl-C while starting: 130
 
 
 if __name__ == "__main__":

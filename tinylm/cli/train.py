@@ -46,11 +46,12 @@ def _share_run_dir_across_ranks(cfg: DictConfig) -> None:
         sys.argv += ["hydra.output_subdir=null", "hydra/job_logging=stdout"]
 
 
-@hydra.main(version_base="1.3", config_path=str(config_dir()), config_name="config")
+@hydra.main(version_base="1.3", config_path=str(config_dir(register=False)), config_name="config")
 def _train(cfg: DictConfig) -> float | None:
     """Turn the composed config into dataclasses and train; the return value feeds sweepers."""
     from hydra.core.hydra_config import HydraConfig
 
+    from tinylm.checkpoint import CheckpointNotWritten
     from tinylm.sources import HubError
     from tinylm.train import RunConfig, TrainingDiverged, TrainingInterrupted, train
 
@@ -59,7 +60,7 @@ def _train(cfg: DictConfig) -> float | None:
     try:
         metrics = run_or_exit(PROG, lambda: train(run_cfg),
                               errors=(ValueError, FileNotFoundError, HubError,
-                                      TrainingDiverged))
+                                      TrainingDiverged, CheckpointNotWritten))
     except TrainingInterrupted as err:
         if err.checkpoint is not None:
             print(f"\n{PROG}: stopped by {signal.Signals(err.signum).name} at step {err.step}; "
@@ -102,7 +103,7 @@ def main() -> None:
     if cfg is not None and int(os.environ.get("WORLD_SIZE", "1")) > 1:
         _share_run_dir_across_ranks(cfg)
     try:
-        _train()
+        run_or_exit(PROG, _train, errors=())  # a Ctrl-C while starting: 130
     finally:
         import torch.distributed as dist
 

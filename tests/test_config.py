@@ -1,0 +1,101 @@
+"""The YAML files and their dataclass schemas agree, each default is written once, and the shared
+validators refuse what they should in one line."""
+
+import dataclasses
+import math
+
+import pytest
+import yaml
+from hydra import compose, initialize_config_dir
+
+from tinylm.config import ConfigError, config_dir, divisible, flag, integer, number, one_of, schemas
+
+CONF = config_dir()
+GROUP_FILES = sorted(p for p in CONF.glob("*/*.yaml") if p.parent.name != "experiment")
+COMMAND_FILES = sorted(p for p in CONF.glob("*.yaml") if p.stem != "config")
+
+
+def _schema_of(path):
+    return schemas()[f"{path.parent.name}/schema" if path.parent != CONF else f"{path.stem}_schema"]
+
+
+def _values(path):
+    return {k: v for k, v in (yaml.safe_load(path.read_text()) or {}).items()
+            if k not in ("defaults", "hydra")}
+
+
+def _differences(cls, values, where):
+    """Keys of `values` that are no field of `cls`, or that repeat the field's default."""
+    defaults = cls()
+    problems = []
+    for key, value in values.items():
+        default = getattr(defaults, key, KeyError)
+        if default is KeyError:
+            problems.append(f"{where}.{key} is no field of {cls.__name__}")
+        elif dataclasses.is_dataclass(default):
+            problems += _differences(type(default), value, f"{where}.{key}")
+        elif value == default and type(value) is type(default):
+            problems.append(f"{where}.{key}: {value!r} repeats {cls.__name__}'s default")
+    return problems
+
+
+@pytest.mark.parametrize("path", GROUP_FILES + COMMAND_FILES, ids=lambda p: p.name)
+def test_every_yaml_key_is_a_schema_field_and_no_default_is_written_twice(path):
+    assert _differences(_schema_of(path), _values(path), path.stem) == []
+    assert _schema_of(path).__name__ in path.read_text()  # the header names its schema
+
+
+@pytest.mark.parametrize("path", GROUP_FILES + COMMAND_FILES, ids=lambda p: p.name)
+def test_every_yaml_file_starts_from_its_schema_and_composes_every_field(path):
+    schema_entry = "schema" if path.parent != CONF else f"{path.stem}_schema"
+    assert yaml.safe_load(path.read_text())["defaults"][0] == schema_entry
+    with initialize_config_dir(str(CONF), version_base="1.3"):
+        if path.parent == CONF:
+            cfg = compose(path.stem)
+        else:
+            cfg = compose("config", [f"{path.parent.name}={path.stem}"])[path.parent.name]
+    fields = [f.name for f in dataclasses.fields(_schema_of(path))]
+    assert list(cfg) == fields  # the reverse: every schema field reaches the composed config
+
+
+def test_experiment_keys_are_schema_fields():
+    for path in CONF.glob("experiment/*.yaml"):
+        for group, values in _values(path).items():
+            cls = schemas()[f"{group}/schema"]
+            fields = {f.name for f in dataclasses.fields(cls)}
+            assert set(values) <= fields, (path.name, group, set(values) - fields)
+
+
+@pytest.mark.parametrize("check, message", [
+    (lambda: integer("train.batch_size", 2.5, least=1),
+     "train.batch_size=2.5 is not allowed: must be an integer >= 1"),
+    (lambda: integer("model.n_layer", True, least=1),
+     "model.n_layer=True is not allowed: must be an integer >= 1"),
+    (lambda: integer("top_k", 0, least=1, null="for no limit"),
+     "top_k=0 is not allowed: must be an integer >= 1, or null for no limit"),
+    (lambda: number("model.dropout", 1.0, 0, 1, high_open=True),
+     "model.dropout=1.0 is not allowed: must be a finite number in [0, 1)"),
+    (lambda: number("optim.lr", math.nan, low=0),
+     "optim.lr=nan is not allowed: must be a finite number >= 0"),
+    (lambda: number("optim.lr", math.inf, low=0),
+     "optim.lr=inf is not allowed: must be a finite number >= 0"),
+    (lambda: number("top_p", 0.0, 0, 1, low_open=True), "top_p=0.0 is not allowed: must be a "
+                                                          "finite number in (0, 1]"),
+    (lambda: flag("model.bias", "no"), "model.bias='no' is not allowed: must be true or false"),
+    (lambda: one_of("prefer", "first", ("best", "last")),
+     "prefer='first' is not allowed; allowed: best, last"),
+    (lambda: divisible("model.n_embd", 30, "model.n_head", 4),
+     "model.n_embd=30 is not allowed: must be divisible by model.n_head=4"),
+])
+def test_shared_validators_refuse_in_one_line(check, message):
+    with pytest.raises(ConfigError) as refused:
+        check()
+    assert str(refused.value) == message
+
+
+def test_shared_validators_accept_what_is_allowed():
+    integer("top_k", None, least=1, null="for no limit")
+    number("model.dropout", 0, 0, 1, high_open=True)
+    number("top_p", 1.0, 0, 1, low_open=True)
+    flag("model.bias", False)
+    divisible("model.n_embd", 32, "model.n_head", 4)
