@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from tinylm.data import BatchSampler, DataConfig, check_enough_tokens, prepare_data
-from tinylm.tokenizer import EOT, TokenizerConfig
+from tinylm.tokenizer import EOT, TokenizerConfig, train_tokenizer
 
 NAMES = [("Lily", "She"), ("Tom", "He"), ("Mia", "She"), ("Ben", "He")]
 THINGS = ["red ball", "big box", "little bird", "shiny stone", "blue kite"]
@@ -143,30 +143,96 @@ def test_document_split_is_deterministic_and_separates_documents_with_endoftext(
     assert len(seeds) > 1  # the seed picks which documents are held out
 
 
-def test_hub_source_holds_out_whole_stories(tmp_path, monkeypatch):
+@pytest.fixture
+def fake_hub(monkeypatch):
+    """A stand-in for roneneldan/TinyStories: load_dataset streams a few thousand stories per
+    split, rows with the real columns; HF_ENDPOINT is a local socket, so the reachability check
+    connects without leaving the machine. Yields the calls made and the stories."""
     import datasets
 
-    stories = [paragraph(i) + "\n\n" + paragraph(i + 1) for i in range(20)]
+    splits = {"train": [paragraph(i) + "\n\n" + paragraph(i + 1) for i in range(3000)],
+              "validation": [f"Validation story {i}. " + paragraph(i) for i in range(400)]}
     calls = []
 
-    def fake_load_dataset(path, split=None, streaming=False, **kwargs):  # stands in for the hub
+    def fake_load_dataset(path, split=None, streaming=False, **kwargs):
         calls.append((path, split, streaming))
-        rows = datasets.Dataset.from_dict({"text": stories, "id": list(range(20))})
+        rows = datasets.Dataset.from_dict({"text": splits[split]})
         return rows.to_iterable_dataset() if streaming else rows
 
     monkeypatch.setattr(datasets, "load_dataset", fake_load_dataset)
-    prepared, out = prepare(*configs(tmp_path, source="hub", max_documents=10))
-    assert calls == [("roneneldan/TinyStories", "train", True)]  # streamed, not downloaded
-    assert "hub dataset roneneldan/TinyStories (split train, first 10 documents)" in out
-    meta = prepared.meta
-    assert (meta["split"], meta["train_rows"], meta["val_rows"]) == ("documents", 9, 1)
-    tok = prepared.tokenizer
-    train = tok.decode(read_ids(prepared, "train")).split(EOT)
-    val = tok.decode(read_ids(prepared, "val")).split(EOT)
-    assert sorted(train + val) == sorted(stories[:10])  # whole stories, each on one side
+    for var in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "HTTPS_PROXY", "https_proxy"):
+        monkeypatch.delenv(var, raising=False)
+    with socket.socket() as hub:
+        hub.bind(("127.0.0.1", 0))
+        hub.listen()
+        monkeypatch.setenv("HF_ENDPOINT", f"http://127.0.0.1:{hub.getsockname()[1]}")
+        yield calls, splits
 
-    prepare(*configs(tmp_path, source="hub", name="all"))
-    assert calls[-1] == ("roneneldan/TinyStories", "train", False)
+
+def hub_preset(tmp_path, *overrides):
+    """data=tinystories_hub as the command line composes it, made small."""
+    from hydra import compose, initialize_config_dir
+
+    from tinylm.config import config_dir, to_dataclass
+
+    with initialize_config_dir(config_dir=str(config_dir()), version_base="1.3"):
+        cfg = compose("config", ["data=tinystories_hub", f"data.cache_dir={tmp_path / 'data'}",
+                                 "tokenizer.vocab_size=300", *overrides])
+    return (to_dataclass(DataConfig, cfg.data, "data"),
+            to_dataclass(TokenizerConfig, cfg.tokenizer, "tokenizer"))
+
+
+def test_hub_preset_streams_the_official_splits_with_endoftext_between_stories(
+        tmp_path, fake_hub):
+    calls, splits = fake_hub
+    prepared, out = prepare(*hub_preset(tmp_path))
+    # streamed, never downloaded whole: the BPE's pass stops early, the ids' pass reads all
+    assert set(calls) == {("roneneldan/TinyStories", "train", True),
+                          ("roneneldan/TinyStories", "validation", True)}
+    meta, tok = prepared.meta, prepared.tokenizer
+    assert (meta["split"], meta["train_rows"], meta["val_rows"]) == ("hub", 3000, 400)
+    assert "its 'validation' split validates (400)" in out
+    train = read_ids(prepared, "train")
+    assert (train == tok.eot_id).sum() == 3000 - 1
+    assert tok.decode(train).split(EOT) == splits["train"]
+    assert tok.decode(read_ids(prepared, "val")).split(EOT) == splits["validation"]
+
+
+def test_hub_bpe_learns_on_at_most_train_bytes_and_max_documents_bounds_both_splits(
+        tmp_path, fake_hub, monkeypatch):
+    import tinylm.data
+
+    _, splits = fake_hub
+    seen = []
+
+    def spy(cfg, texts, **kwargs):  # what the BPE trainer is given
+        texts = list(texts)
+        seen.append(sum(len(t.encode()) for t in texts))
+        return train_tokenizer(cfg, texts, **kwargs)
+
+    monkeypatch.setattr(tinylm.data, "train_tokenizer", spy)
+    small, _ = prepare(*hub_preset(tmp_path, "data.max_documents=500",
+                                   "tokenizer.train_bytes=5000"))
+    assert seen == [5000]  # the story that crosses the limit is cut there
+    assert (small.meta["train_rows"], small.meta["val_rows"]) == (500, 50)
+    assert small.tokenizer.decode(read_ids(small, "train")).split(EOT) == splits["train"][:500]
+    assert small.tokenizer.decode(read_ids(small, "val")).split(EOT) == splits["validation"][:50]
+
+
+def test_hub_without_a_validation_split_holds_out_whole_stories_by_seed(tmp_path, fake_hub):
+    _, splits = fake_hub
+    held_out = []
+    for seed in (1, 1, 2):
+        prepared, out = prepare(*hub_preset(tmp_path, "data.hub_val_split=null",
+                                            f"data.split_seed={seed}", f"data.name=s{seed}"),
+                                force=True)
+        tok = prepared.tokenizer
+        train = tok.decode(read_ids(prepared, "train")).split(EOT)
+        val = tok.decode(read_ids(prepared, "val")).split(EOT)
+        assert sorted(train + val) == sorted(splits["train"])  # whole stories, each on one side
+        assert 0.07 < len(val) / 3000 < 0.13 and f"{len(val):,} of 3,000 documents" in out
+        held_out.append(val)
+    assert held_out[0] == held_out[1] != held_out[2]
 
 
 def test_prepare_makes_no_network_calls(tmp_path, monkeypatch):
@@ -180,29 +246,39 @@ def test_prepare_makes_no_network_calls(tmp_path, monkeypatch):
     assert prepared.meta["train_tokens"] > 0
 
 
-def test_data_root_comes_from_the_environment_and_errors_name_the_paths_tried(
-        tmp_path, monkeypatch):
-    write_corpus(tmp_path / "corpus")
-    monkeypatch.setenv("TINYLM_DATA_ROOT", str(tmp_path / "corpus"))
-    prepared, out = prepare(*configs(tmp_path, data_root=None))
-    assert f"under {tmp_path / 'corpus'}" in out
+@pytest.mark.parametrize("corpus, tokenizer, counts, rows", [
+    # nanoGPT's shakespeare_char: the same split and ids (65 characters, then <|endoftext|>)
+    ("tinyshakespeare", "char", (1_003_854, 111_540), (1, 1)),
+    ("tinystories", "bpe", (223_331, 24_851), (5_019, 511)),
+])
+def test_embedded_corpora_prepare_to_the_pinned_splits(tmp_path, monkeypatch, corpus, tokenizer,
+                                                      counts, rows):
+    from tinylm.sources import embedded_dir
 
-    monkeypatch.setenv("TINYLM_DATA_ROOT", str(tmp_path / "elsewhere"))
-    with pytest.raises(FileNotFoundError) as err:
-        prepare(*configs(tmp_path, data_root=None, name="other"))
-    assert str(tmp_path / "elsewhere") in str(err.value) and "$TINYLM_DATA_ROOT" in str(err.value)
-    assert "data.data_root=" in str(err.value) and "data.source=hub" in str(err.value)
-
-    monkeypatch.delenv("TINYLM_DATA_ROOT")
-    monkeypatch.chdir(tmp_path)
-    with pytest.raises(FileNotFoundError, match="from the current directory"):
-        prepare(*configs(tmp_path, data_root=None, files=["no-such-corpus/*.txt"]))
+    monkeypatch.delenv("TINYLM_DATA_ROOT", raising=False)
+    shakespeare = corpus == "tinyshakespeare"
+    data_cfg = DataConfig(name=corpus, cache_dir=str(tmp_path / "data"),
+                          files=["tinyshakespeare/input.txt"] if shakespeare
+                          else DataConfig().files,
+                          sample_by="document" if shakespeare else "paragraph")
+    tok_cfg = TokenizerConfig(name=tokenizer, vocab_size=None if shakespeare else 4096)
+    prepared, out = prepare(data_cfg, tok_cfg)
+    meta = prepared.meta
+    assert (meta["train_tokens"], meta["val_tokens"]) == counts
+    assert (meta["train_rows"], meta["val_rows"]) == rows
+    assert f"local files under {embedded_dir().resolve()}" in out
+    if shakespeare:
+        text = (embedded_dir() / "tinyshakespeare" / "input.txt").read_text(encoding="utf-8")
+        chars = sorted(set(text))
+        assert prepared.tokenizer.vocab_size == len(chars) + 1 == 66
+        expected = np.array([chars.index(c) for c in text[:1000]], dtype=np.uint16)
+        assert np.array_equal(read_ids(prepared, "train")[:1000], expected)
 
 
 # ---------------------------------------------------------------------------------- bad input
 
 @pytest.mark.parametrize("content, message", [
-    (None, r"(?s)toy.*not found.*corpus \(data.data_root\): no missing\.txt"),
+    (None, r"corpus 'toy': no missing\.txt under .*corpus \(data\.data_root\)"),
     (b"", r"missing\.txt is empty \(0 bytes\)"),
     (b" \n\n \n", r"missing\.txt holds only whitespace"),
     (b"Good text.\n\nBad \xff byte.", r"missing\.txt is not valid UTF-8: byte offset 16 \(line 3\)"

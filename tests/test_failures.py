@@ -27,9 +27,10 @@ from tinylm.checkpoint import (
     save_checkpoint,
 )
 from tinylm.cli import run_or_exit
-from tinylm.data import DataConfig, check_enough_tokens, resolve_files
+from tinylm.data import check_enough_tokens
 from tinylm.generate import GenerateConfig, generate, run_generate
 from tinylm.probe import ProbeConfig, ProbeFileError, load_probe_file, run_probe
+from tinylm.sources import resolve_files
 from tinylm.tokenizer import CharTokenizer, load_tokenizer
 from tinylm.train import StoppedAgain, Trainer, TrainingDiverged, train
 
@@ -250,10 +251,8 @@ def test_a_bad_probe_line_is_named_by_file_and_line(tmp_path, line, message):
 
 def test_a_directory_in_data_files_is_named_as_one(tmp_path):
     (tmp_path / "notes").mkdir()
-    cfg = DataConfig(name="text", files=["notes"], data_root=str(tmp_path), split="tail",
-                     hub_id=None)
     with pytest.raises(ValueError) as refused:
-        resolve_files(cfg)
+        resolve_files(tmp_path, ["notes"], "text", "data.data_root")
     assert one_line(refused) == (f"data.files: notes is a directory ({tmp_path / 'notes'}); "
                                  "name the files in it, e.g. 'data.files=[notes/*.txt]'")
 

@@ -23,7 +23,6 @@ import json
 import os
 import platform
 import statistics
-import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
@@ -530,15 +529,17 @@ def bench_inspect(model_cfg: ModelConfig, cfg: InspectBenchConfig, timing: Timin
 
 def bench_data(data_cfg: DataConfig, tok_cfg: TokenizerConfig, timing: Timing) -> Section:
     """Tokenizer training and encoding throughput (MB/s of UTF-8 text) on the local corpus."""
-    from tinylm.data import load_rows, resolve_files
+    from tinylm.sources import data_root, read_rows, resolve_files
     from tinylm.tokenizer import train_tokenizer
 
     if data_cfg.source != "local":
         raise ValueError(f"data.source={data_cfg.source!r}: the data section reads local files "
                          "only; use data.source=local")
-    _, files = resolve_files(data_cfg)
-    with tempfile.TemporaryDirectory() as work:  # rows cut as tinylm-prepare cuts them
-        texts = list(load_rows(data_cfg, files, Path(work), log=lambda _: None)["text"])
+    root, why = data_root(data_cfg.data_root)
+    errors = "replace" if data_cfg.on_decode_error == "replace" else "strict"
+    files = resolve_files(root, data_cfg.files, data_cfg.name, why)
+    # rows cut as tinylm-prepare cuts them
+    texts = [row for path in files for row in read_rows(path, data_cfg.sample_by, errors)]
     text = data_cfg.joiner.join(texts)
     megabytes = len(text.encode("utf-8")) / 1e6
     # no progress bars: they would clutter the tables and be drawn inside the timed calls

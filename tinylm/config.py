@@ -64,6 +64,13 @@ def project_root() -> Path | None:
     return root if (root / "conf" / "config.yaml").is_file() else None
 
 
+def shipped_dir(in_checkout: str, in_wheel: str) -> Path:
+    """A folder of files tinylm ships: `in_checkout` under the checkout's root, or `in_wheel`
+    inside the installed package (pyproject's force-include maps one to the other)."""
+    root = project_root()
+    return root / in_checkout if root is not None else PACKAGE_DIR / in_wheel
+
+
 def schemas() -> dict[str, type]:
     """ConfigStore name -> the dataclass that is the schema of that group or command config."""
     from tinylm.bench import BenchConfig

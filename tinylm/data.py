@@ -2,9 +2,10 @@
 
 From the command line (Hydra, same conf/ tree as training):
 
-    tinylm-prepare                                      # TinyStories sample, byte-level BPE 4096
+    tinylm-prepare                                      # embedded TinyStories sample, BPE 4096
     tinylm-prepare data=tinyshakespeare tokenizer=char
     tinylm-prepare data=text 'data.files=[notes/*.txt]'
+    tinylm-prepare data=tinystories_hub                 # the full TinyStories, streamed (online)
 
 In code (training calls the same function, which returns at once when the cache is current):
 
@@ -12,17 +13,18 @@ In code (training calls the same function, which returns at once when the cache 
     sampler = BatchSampler(prepared.train_path, block_size=128, batch_size=16, seed=1337)
     x, y = sampler.next_batch("cpu")                    # (B, T) int64; y is x shifted by one
 
-Preparing reads the corpus with HF `datasets` (local text files, or the hub when online), holds
-out a validation part, trains the tokenizer on the training part and writes
-<cache_dir>/<corpus>-<tokenizer>/{train.bin, val.bin, tokenizer.json, meta.json}. meta.json
-keeps a fingerprint of the input files' contents and of every setting, so a second run with the
-same inputs reuses the directory and anything changed rebuilds it. A build happens in a temporary
-directory that is renamed into place when complete: no half-written cache is ever visible.
+Preparing streams the corpus (tinylm/sources.py: local files or the hub) as rows, routes each row
+to the training or validation split, trains the tokenizer on at most tokenizer.train_bytes of the
+training rows and appends the ids a chunk of rows at a time to
+<cache_dir>/<corpus>-<tokenizer>/{train.bin, val.bin}, beside tokenizer.json and meta.json. So
+memory stays flat whatever the corpus size. meta.json keeps a fingerprint of the input files'
+contents and of every setting, so a second run with the same inputs reuses the directory and
+anything changed rebuilds it. A build happens in a temporary directory that is renamed into place
+when complete: no half-written cache is ever visible.
 """
 
 from __future__ import annotations
 
-import codecs
 import dataclasses
 import hashlib
 import itertools
@@ -38,10 +40,18 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from tinylm.config import integer, number, one_of, project_root
+from tinylm.config import integer, number, one_of
+from tinylm.sources import (
+    check_embedded,
+    check_hub_reachable,
+    data_root,
+    hub_rows,
+    read_rows,
+    resolve_files,
+    scan_file,
+)
 from tinylm.tokenizer import EOT, Tokenizer, TokenizerConfig, load_tokenizer, train_tokenizer
 
-DATA_ROOT_ENV = "TINYLM_DATA_ROOT"  # overrides where the offline corpora are looked for
 FORMAT_VERSION = 1  # bump when what prepare_data writes changes: old caches then rebuild
 SOURCES = ("local", "hub")
 SAMPLE_BY = ("line", "paragraph", "document")
@@ -50,10 +60,7 @@ ON_DECODE_ERROR = ("strict", "replace")
 # What joins two rows of a local file back into the text they were cut from; whole documents
 # are joined by <|endoftext|> instead, so the model sees where one ends.
 ROW_JOINER = {"line": "\n", "paragraph": "\n\n", "document": EOT}
-HOW_TO_POINT = (f"point at the folder holding the corpora with data.data_root=/path/to/data or "
-                f"{DATA_ROOT_ENV}=/path/to/data, use your own files with data=text "
-                "'data.files=[path/to/*.txt]', or read the hub with data.source=hub "
-                "(needs internet)")
+ENCODE_CHUNK = 1 << 20  # characters of rows encoded together (tokenizers spreads them on cores)
 
 
 @dataclass
@@ -64,15 +71,18 @@ class DataConfig:
     source: str = "local"  # local: `files` below | hub: datasets.load_dataset(hub_id)
     files: list[str] = field(default_factory=lambda: [
         "tinystories/train-head.txt", "tinystories/validation-head.txt"])
-    data_root: str | None = None  # where relative `files` live; None: $TINYLM_DATA_ROOT or
-    #                               ../shared/data from the project root (or the current dir)
+    data_root: str | None = None  # where relative `files` live; None: $TINYLM_DATA_ROOT, else
+    #                               the embedded corpora (data/corpora/)
     sample_by: str = "paragraph"  # how local files are cut into rows: line | paragraph | document
     split: str = "auto"  # tail | documents | auto (documents for hub, tail for local files)
     val_fraction: float = 0.1  # share of the text (tail) or of the documents held out
     split_seed: int = 1337  # which documents go to validation under split=documents
     hub_id: str | None = "roneneldan/TinyStories"  # for source=hub
     hub_split: str = "train"
-    max_documents: int | None = None  # hub: stream only the first N documents (no full download)
+    hub_val_split: str | None = "validation"  # hub: the split to validate on; None: hold out
+    #                                           a seeded val_fraction of hub_split's documents
+    max_documents: int | None = None  # hub: only the first N documents of hub_split (and
+    #                                   N * val_fraction of hub_val_split)
     cache_dir: str = "data"  # relative to the current directory
     on_decode_error: str = "strict"  # strict: stop at invalid UTF-8 | replace: use U+FFFD
 
@@ -98,6 +108,8 @@ class DataConfig:
     @property
     def split_kind(self) -> str:
         """`split` with auto resolved: hub rows are whole documents, local files a text stream."""
+        if self.source == "hub" and self.hub_val_split:
+            return "hub"
         if self.split != "auto":
             return self.split
         return "documents" if self.source == "hub" else "tail"
@@ -125,167 +137,123 @@ class PreparedData:
     from_cache: bool = False  # True when an earlier run's files were reused
 
 
-# ---------------------------------------------------------------------------- finding the inputs
-
-def data_root_candidates(cfg: DataConfig) -> list[tuple[Path, str]]:
-    """Folders where relative `data.files` are looked for, in order, each with why it is tried."""
-    if cfg.data_root is not None:
-        candidates = [(Path(cfg.data_root), "data.data_root")]
-    elif os.environ.get(DATA_ROOT_ENV):
-        candidates = [(Path(os.environ[DATA_ROOT_ENV]), f"${DATA_ROOT_ENV}")]
-    else:
-        candidates = [(Path.cwd().parent / "shared" / "data",
-                       "../shared/data from the current directory")]
-        if project_root() is not None:
-            candidates.insert(0, (project_root().parent / "shared" / "data",
-                                  "../shared/data from the project root"))
-    unique: dict[Path, str] = {}
-    for path, why in candidates:
-        unique.setdefault(path.expanduser().resolve(), why)
-    return list(unique.items())
-
-
-def _match(root: Path, pattern: str) -> list[Path]:
-    """Files `pattern` names under `root` (absolute patterns ignore root); sorted for globs."""
-    path = Path(pattern).expanduser()
-    if not path.is_absolute():
-        path = root / path
-    if any(ch in pattern for ch in "*?["):
-        anchor = Path(path.anchor)
-        return sorted(p for p in anchor.glob(str(path.relative_to(anchor))) if p.is_file())
-    return [path] if path.is_file() else []
-
-
-def resolve_files(cfg: DataConfig) -> tuple[Path, list[Path]]:
-    """(data root, corpus files) for a local corpus; FileNotFoundError names every path tried."""
-    tried = []
-    for root, why in data_root_candidates(cfg):
-        files, missing = [], []
-        for pattern in cfg.files:
-            if (root / Path(pattern).expanduser()).is_dir():
-                example = f"{pattern.rstrip('/')}/*.txt"
-                raise ValueError(f"data.files: {pattern} is a directory ({root / pattern}); name "
-                                 f"the files in it, e.g. 'data.files=[{example}]'")
-            matches = _match(root, pattern)
-            if not matches:
-                missing.append(pattern)
-            files += [m for m in matches if m not in files]  # a file named twice is read once
-        if not missing:
-            return root, files
-        tried.append(f"{root} ({why}): no {', '.join(missing)}")
-    raise FileNotFoundError(f"corpus {cfg.name!r}: its files were not found: in "
-                            + "; in ".join(tried) + f". To fix: {HOW_TO_POINT}.")
-
-
-def scan_file(path: Path, strict_utf8: bool = True, log: Callable[[str], None] = print) -> dict:
-    """Size and SHA-256 of a corpus file; refuses empty files and (if strict) invalid UTF-8."""
-    digest = hashlib.sha256()
-    decoder = codecs.getincrementaldecoder("utf-8")()
-    consumed = newlines = 0  # bytes and line breaks before the current chunk
-    has_text = bad_utf8 = False
-    with open(path, "rb") as f:
-        while True:
-            chunk = f.read(1 << 20)
-            digest.update(chunk)
-            has_text = has_text or bool(chunk.strip())
-            if not bad_utf8:
-                pending = decoder.getstate()[0]  # a character cut by the chunk border
-                try:
-                    decoder.decode(chunk, final=not chunk)
-                except UnicodeDecodeError as err:
-                    bad_utf8 = True
-                    where = pending + chunk
-                    offset = consumed - len(pending) + err.start
-                    line = newlines + where[:err.start].count(b"\n") + 1
-                    problem = (f"{path} is not valid UTF-8: byte offset {offset} (line {line}) "
-                               f"holds {where[err.start:err.end]!r} ({err.reason})")
-                    if strict_utf8:
-                        raise ValueError(problem + "; fix the file or set "
-                                         "data.on_decode_error=replace to read bad bytes as "
-                                         "U+FFFD") from None
-                    log(f"Note: {problem}; replacing bad bytes with U+FFFD "
-                        "(data.on_decode_error=replace)")
-            if not chunk:
-                break
-            consumed += len(chunk)
-            newlines += chunk.count(b"\n")
-    if consumed == 0:
-        raise ValueError(f"corpus file {path} is empty (0 bytes)")
-    if not has_text:
-        raise ValueError(f"corpus file {path} holds only whitespace ({consumed} bytes)")
-    return {"path": str(path), "bytes": consumed, "sha256": digest.hexdigest()}
-
-
 # ------------------------------------------------------------------------ rows and their split
 
-def load_rows(cfg: DataConfig, files: list[Path], cache_dir: Path, log: Callable[[str], None]):
-    """The corpus as a `datasets.Dataset` with one "text" column, one row per line/paragraph/doc."""
-    import datasets
+@dataclass
+class SplitPlan:
+    """How a corpus divides into training and validation rows, decided before any is written.
 
-    if cfg.source == "local":
-        # A fresh cache_dir per build: datasets' own cache then cannot hand back rows of an earlier
-        # version of the same file; whether to rebuild at all is decided by our fingerprint.
-        return datasets.load_dataset(
-            "text", data_files=[str(f) for f in files], split="train", sample_by=cfg.sample_by,
-            encoding_errors="replace" if cfg.on_decode_error == "replace" else "strict",
-            cache_dir=str(cache_dir))
-    try:
-        if cfg.max_documents:
-            stream = datasets.load_dataset(cfg.hub_id, split=cfg.hub_split, streaming=True)
-            texts = [row["text"] for row in stream.take(cfg.max_documents)]
-            rows = datasets.Dataset.from_dict({"text": texts})
-        else:
-            rows = datasets.load_dataset(cfg.hub_id, split=cfg.hub_split)
-    except Exception as err:  # offline, unknown id, ...: say what to do instead
-        raise RuntimeError(f"could not load {cfg.hub_id!r} (split {cfg.hub_split!r}) from the "
-                           f"Hugging Face hub: {err}\nOffline, use data.source=local") from err
-    if "text" not in rows.column_names:
-        raise ValueError(f"hub dataset {cfg.hub_id!r} has no 'text' column "
-                         f"(columns: {', '.join(rows.column_names)})")
-    log(f"Read {len(rows):,} documents from the hub")
-    return rows.select_columns(["text"])
+    `rows()` streams the corpus afresh on every call as ("train" | "val", text) pairs in corpus
+    order; preparing reads it twice (tokenizer training stops early), so nothing is held whole.
+    """
+
+    rows: Callable[[], Iterator[tuple[str, str]]]
+    describe: Callable[[dict[str, int]], str]  # rows per split -> e.g. "last 511 of ... held out"
 
 
-def split_rows(rows, cfg: DataConfig):
-    """(train, val, how): a deterministic hold-out of cfg.val_fraction of the corpus.
+def _count(n: int, unit: str) -> str:
+    return f"{n:,} {unit}{'' if n == 1 else 's'}"
+
+
+def plan_local_split(cfg: DataConfig, files: list[Path]) -> SplitPlan:
+    """A deterministic hold-out of cfg.val_fraction of local files (one counting pass first).
 
     tail: the last val_fraction of the characters, cut at a row boundary; a single row (one
     document, e.g. Tiny Shakespeare) is cut inside at int(n * (1 - val_fraction)) characters,
     exactly as nanoGPT does. documents: a seeded random val_fraction of the documents.
     """
-    import datasets
-    import pyarrow.compute as pc
+    errors = "replace" if cfg.on_decode_error == "replace" else "strict"
 
-    n = len(rows)
+    def corpus_rows() -> Iterator[str]:
+        for path in files:
+            yield from read_rows(path, cfg.sample_by, errors)
+
+    n = chars = 0
+    for row in corpus_rows():
+        n, chars = n + 1, chars + len(row)
+    if n == 0:
+        raise ValueError(f"corpus {cfg.name!r} has no text")
     if cfg.split_kind == "documents":
         if n < 2:
             raise ValueError(f"data.split=documents needs at least 2 documents, the corpus has {n};"
                              " use data.split=tail")
         n_val = min(max(1, round(n * cfg.val_fraction)), n - 1)
-        order = np.random.default_rng(cfg.split_seed).permutation(n)
-        val_idx, train_idx = np.sort(order[:n_val]), np.sort(order[n_val:])
-        how = f"{n_val:,} of {n:,} documents held out at random (data.split_seed={cfg.split_seed})"
-        return rows.select(train_idx), rows.select(val_idx), how
+        held_out = np.zeros(n, dtype=bool)
+        held_out[np.random.default_rng(cfg.split_seed).permutation(n)[:n_val]] = True
+        return SplitPlan(
+            lambda: (("val" if out else "train", row)
+                     for out, row in zip(held_out, corpus_rows(), strict=True)),
+            lambda _: f"{n_val:,} of {n:,} documents held out at random "
+                      f"(data.split_seed={cfg.split_seed})")
     if n == 1:
-        text = rows[0]["text"]
-        cut = int(len(text) * (1 - cfg.val_fraction))
-        if not 0 < cut < len(text):
+        cut = int(chars * (1 - cfg.val_fraction))
+        if not 0 < cut < chars:
             raise ValueError(f"the corpus is too short to hold out a validation part: "
-                             f"{len(text)} characters")
-        how = f"last {len(text) - cut:,} of {len(text):,} characters held out"
-        return (datasets.Dataset.from_dict({"text": [text[:cut]]}),
-                datasets.Dataset.from_dict({"text": [text[cut:]]}), how)
-    lengths = pc.utf8_length(rows.with_format("arrow")["text"]).to_numpy(zero_copy_only=False)
-    starts = np.concatenate([[0], np.cumsum(lengths)[:-1]])  # where each row begins in the text
-    # validation starts with the first row that begins past the cut
-    first_val = int(np.searchsorted(starts, lengths.sum() * (1 - cfg.val_fraction)))
-    first_val = min(max(first_val, 1), n - 1)
-    how = f"last {n - first_val:,} of {_count(n, cfg.row_unit)} held out"
-    return rows.select(range(first_val)), rows.select(range(first_val, n)), how
+                             f"{chars} characters")
+
+        def cut_document() -> Iterator[tuple[str, str]]:
+            (text,) = corpus_rows()
+            yield from (("train", text[:cut]), ("val", text[cut:]))
+
+        return SplitPlan(cut_document, lambda _: f"last {chars - cut:,} of {chars:,} characters "
+                                                 "held out")
+    cut = chars * (1 - cfg.val_fraction)
+
+    def tail() -> Iterator[tuple[str, str]]:
+        # validation starts with the first row that begins past the cut; the first row always
+        # trains and the last always validates
+        start, held_out = 0, False
+        for i, row in enumerate(corpus_rows()):
+            held_out = held_out or (i > 0 and (start >= cut or i == n - 1))
+            yield ("val" if held_out else "train"), row
+            start += len(row)
+
+    return SplitPlan(tail, lambda counts: f"last {counts['val']:,} of "
+                                          f"{_count(n, cfg.row_unit)} held out")
 
 
-def _count(n: int, unit: str) -> str:
-    return f"{n:,} {unit}{'' if n == 1 else 's'}"
+def plan_hub_split(cfg: DataConfig) -> SplitPlan:
+    """Hub documents: hub_split trains and hub_val_split validates; without a validation split,
+    each document of hub_split is held out with probability val_fraction (seeded, streamed)."""
+    check_hub_reachable()
+    if cfg.hub_val_split:
+        val_limit = max(1, round(cfg.max_documents * cfg.val_fraction)) \
+            if cfg.max_documents else None
+
+        def official() -> Iterator[tuple[str, str]]:
+            yield from (("train", row) for row in hub_rows(cfg.hub_id, cfg.hub_split,
+                                                            cfg.max_documents))
+            yield from (("val", row) for row in hub_rows(cfg.hub_id, cfg.hub_val_split,
+                                                          val_limit))
+
+        return SplitPlan(official, lambda counts: f"the hub's {cfg.hub_split!r} split trains "
+                                                  f"({counts['train']:,} documents), its "
+                                                  f"{cfg.hub_val_split!r} split validates "
+                                                  f"({counts['val']:,})")
+
+    def seeded() -> Iterator[tuple[str, str]]:
+        draws = np.random.default_rng(cfg.split_seed)
+        for row in hub_rows(cfg.hub_id, cfg.hub_split, cfg.max_documents):
+            yield ("val" if draws.random() < cfg.val_fraction else "train"), row
+
+    return SplitPlan(seeded, lambda counts: f"{counts['val']:,} of "
+                                            f"{counts['train'] + counts['val']:,} documents held "
+                                            f"out at random (data.split_seed={cfg.split_seed})")
+
+
+def training_texts(plan: SplitPlan, max_bytes: int) -> Iterator[str]:
+    """The training rows from the start of the corpus, at most `max_bytes` of UTF-8 in all
+    (the row that crosses the limit is cut there)."""
+    left = max_bytes
+    for split, row in plan.rows():
+        if split != "train":
+            continue
+        size = len(row.encode())
+        if size >= left:
+            yield row.encode()[:left].decode("utf-8", errors="ignore")
+            return
+        left -= size
+        yield row
 
 
 # ----------------------------------------------------------------------------- writing the ids
@@ -295,34 +263,51 @@ def bin_dtype(vocab_size: int) -> np.dtype:
     return np.dtype(np.uint16 if vocab_size <= 2**16 else np.uint32)
 
 
-def write_ids(rows, tokenizer: Tokenizer, joiner: str, path: Path, desc: str, work_dir: Path
-              ) -> int:
-    """Tokenize `rows` with a batched datasets.map and write the id stream to `path`; -> count."""
-    joiner_ids = tokenizer.encode(joiner)
-    last = len(rows) - 1
-    dtype = bin_dtype(tokenizer.vocab_size)
+class IdWriter:
+    """Appends one split's ids to its .bin file a chunk of rows at a time, the joiner's ids
+    between consecutive rows; counts rows and tokens."""
 
-    def encode(batch, indices):
-        ids = tokenizer.encode_batch(batch["text"])
-        pairs = zip(ids, indices, strict=True)
-        return {"ids": [row + joiner_ids if i < last else row for row, i in pairs]}
+    def __init__(self, path: Path, tokenizer: Tokenizer, joiner: str):
+        self.file = open(path, "wb")
+        self.tokenizer, self.dtype = tokenizer, bin_dtype(tokenizer.vocab_size)
+        self.joiner_ids = np.array(tokenizer.encode(joiner), dtype=self.dtype)
+        self.pending: list[str] = []
+        self.pending_chars = self.rows = self.tokens = 0
 
-    encoded = rows.map(encode, batched=True, batch_size=1000, with_indices=True,
-                       remove_columns=rows.column_names, desc=desc,
-                       # our own fingerprint: hashing the tokenizer object would only warn
-                       new_fingerprint=hashlib.sha256(f"{desc}{path}".encode()).hexdigest()[:16],
-                       cache_file_name=str(work_dir / f"{path.stem}-ids.arrow"))
-    with open(path, "wb") as f:
-        for batch in encoded.with_format("arrow").iter(batch_size=10_000):
-            flat = batch.column("ids").combine_chunks().flatten()
-            f.write(flat.to_numpy(zero_copy_only=False).astype(dtype).tobytes())
-    return path.stat().st_size // dtype.itemsize
+    def add(self, row: str) -> None:
+        self.pending.append(row)
+        self.pending_chars += len(row)
+        if self.pending_chars >= ENCODE_CHUNK:
+            self.flush()
+
+    def flush(self) -> None:
+        pieces = []
+        for ids in self.tokenizer.encode_batch(self.pending):
+            if self.rows > 0:
+                pieces.append(self.joiner_ids)
+            pieces.append(np.array(ids, dtype=self.dtype))
+            self.rows += 1
+        if pieces:
+            chunk = np.concatenate(pieces)
+            chunk.tofile(self.file)
+            self.tokens += len(chunk)
+        self.pending, self.pending_chars = [], 0
 
 
-def _texts(*splits) -> Iterator[str]:
-    for rows in splits:
-        for batch in rows.iter(batch_size=1000):
-            yield from batch["text"]
+def write_ids(plan: SplitPlan, tokenizer: Tokenizer, joiner: str, directory: Path
+              ) -> dict[str, IdWriter]:
+    """Tokenize the corpus once into directory/{train,val}.bin; -> the writer of each split."""
+    writers = {split: IdWriter(directory / f"{split}.bin", tokenizer, joiner)
+               for split in ("train", "val")}
+    try:
+        for split, row in plan.rows():
+            writers[split].add(row)
+        for writer in writers.values():
+            writer.flush()
+    finally:
+        for writer in writers.values():
+            writer.file.close()
+    return writers
 
 
 # --------------------------------------------------------------------------------- the cache
@@ -404,18 +389,20 @@ def prepare_data(data_cfg: DataConfig, tok_cfg: TokenizerConfig, *, force: bool 
     start = time.perf_counter()
     cache_root = Path(data_cfg.cache_dir).expanduser()
     directory = cache_root / f"{data_cfg.name}-{tok_cfg.name}"
-    files: list[Path] = []
     if data_cfg.source == "local":
-        root, files = resolve_files(data_cfg)
+        root, why = data_root(data_cfg.data_root)
+        files = resolve_files(root, data_cfg.files, data_cfg.name, why)
         inputs = [scan_file(f, data_cfg.on_decode_error == "strict", log) for f in files]
+        check_embedded(root, inputs)
         listing = ", ".join(f"{f.relative_to(root) if f.is_relative_to(root) else f} "
                             f"({i['bytes']:,} bytes)" for f, i in zip(files, inputs, strict=True))
         log(f"Corpus {data_cfg.name}: local files under {root}: {listing}")
     else:
         inputs = []
         limit = f", first {data_cfg.max_documents:,} documents" if data_cfg.max_documents else ""
+        val = f"; validation: split {data_cfg.hub_val_split}" if data_cfg.hub_val_split else ""
         log(f"Corpus {data_cfg.name}: Hugging Face hub dataset {data_cfg.hub_id} "
-            f"(split {data_cfg.hub_split}{limit})")
+            f"(split {data_cfg.hub_split}{limit}{val}), streamed")
     key = fingerprint(data_cfg, tok_cfg, inputs)
 
     if not force:
@@ -429,30 +416,27 @@ def prepare_data(data_cfg: DataConfig, tok_cfg: TokenizerConfig, *, force: bool 
         if why_not:
             log(f"Rebuilding {directory}/: {why_not}")
 
+    plan = plan_local_split(data_cfg, files) if data_cfg.source == "local" \
+        else plan_hub_split(data_cfg)
     cache_root.mkdir(parents=True, exist_ok=True)
     build = _sibling(directory, "tmp")
     build.mkdir()
     try:
-        work = build / "work"  # datasets' arrow files; deleted before the build is published
-        rows = load_rows(data_cfg, files, work, log)
-        if len(rows) == 0:
-            raise ValueError(f"corpus {data_cfg.name!r} has no text")
-        train_rows, val_rows, how = split_rows(rows, data_cfg)
-        log(f"Split ({data_cfg.split_kind}): {how}")
         if tok_cfg.name == "char":
             # Every character must get an id, the joiner's and validation's too (nanoGPT's
             # shakespeare_char also takes its vocabulary from the whole text).
-            texts = itertools.chain(_texts(train_rows, val_rows), [data_cfg.joiner])
+            texts = itertools.chain((row for _, row in plan.rows()), [data_cfg.joiner])
             tokenizer = train_tokenizer(tok_cfg, texts)
         else:
-            log(f"Training byte-level BPE (vocab_size {tok_cfg.vocab_size}) on the training split")
-            tokenizer = train_tokenizer(tok_cfg, _texts(train_rows), length=len(train_rows))
-        counts = {}
-        for split, part in (("train", train_rows), ("val", val_rows)):
-            counts[split] = write_ids(part, tokenizer, data_cfg.joiner,
-                                      build / f"{split}.bin", f"Tokenizing {split}", work)
-            if counts[split] == 0:
+            log(f"Training byte-level BPE (vocab_size {tok_cfg.vocab_size}) on the training "
+                f"split's first {tok_cfg.train_bytes / 1e6:,.0f} MB at most")
+            tokenizer = train_tokenizer(tok_cfg, training_texts(plan, tok_cfg.train_bytes))
+        writers = write_ids(plan, tokenizer, data_cfg.joiner, build)
+        for split, writer in writers.items():
+            if writer.tokens == 0:
                 raise ValueError(f"the {split} split of corpus {data_cfg.name!r} has no tokens")
+        how = plan.describe({split: writer.rows for split, writer in writers.items()})
+        log(f"Split ({data_cfg.split_kind}): {how}")
         tokenizer.save(build / "tokenizer.json")
         meta = {
             "format": FORMAT_VERSION, "corpus": data_cfg.name, "source": data_cfg.source,
@@ -460,16 +444,14 @@ def prepare_data(data_cfg: DataConfig, tok_cfg: TokenizerConfig, *, force: bool 
             "tokenizer": tok_cfg.name, "vocab_size": tokenizer.vocab_size,
             "eot_id": tokenizer.eot_id, "dtype": bin_dtype(tokenizer.vocab_size).name,
             "split": data_cfg.split_kind, "split_detail": how,
-            "train_tokens": counts["train"], "val_tokens": counts["val"],
-            "train_rows": len(train_rows), "val_rows": len(val_rows),
+            "train_tokens": writers["train"].tokens, "val_tokens": writers["val"].tokens,
+            "train_rows": writers["train"].rows, "val_rows": writers["val"].rows,
             "fingerprint": key,
             "settings": {"data": dataclasses.asdict(data_cfg),
                          "tokenizer": dataclasses.asdict(tok_cfg)},
         }
         (build / "meta.json").write_text(json.dumps(meta, indent=2, ensure_ascii=False) + "\n",
                                          encoding="utf-8")
-        del rows, train_rows, val_rows  # release datasets' memory maps before deleting the files
-        shutil.rmtree(work, ignore_errors=True)
         _publish(build, directory)
     finally:
         shutil.rmtree(build, ignore_errors=True)

@@ -662,11 +662,9 @@ def write_tensorboard(report: dict, logdir: Path, n_layer: int, n_head: int,
 def shipped_probe(name: str) -> Path:
     """A shipped probe set: data/probes/<name> of the checkout; an installed wheel carries them
     as tinylm/probes/."""
-    from tinylm.config import PACKAGE_DIR, project_root
+    from tinylm.config import shipped_dir
 
-    root = project_root()
-    directory = root / "data" / "probes" if root is not None else PACKAGE_DIR / "probes"
-    return directory / name
+    return shipped_dir("data/probes", "probes") / name
 
 
 def probe_files(cfg: ProbeConfig) -> list[Path]:

@@ -34,6 +34,7 @@ class TokenizerConfig:
 
     name: str = "bpe"  # bpe: byte-level BPE | char: one id per distinct character
     vocab_size: int | None = 4096  # bpe: target size incl. 256 bytes + <|endoftext|>; char: null
+    train_bytes: int = 100_000_000  # bpe learns its merges on at most this much training text
 
     def __post_init__(self):
         one_of("tokenizer.name", self.name, TOKENIZER_NAMES)
@@ -41,6 +42,7 @@ class TokenizerConfig:
             raise ValueError(f"tokenizer.vocab_size={self.vocab_size!r} is not allowed for "
                              "tokenizer=char: its vocabulary is the corpus's characters; "
                              "leave it null")
+        integer("tokenizer.train_bytes", self.train_bytes, least=1)
         if self.name == "bpe":
             # byte-level BPE needs the 256 byte symbols and the special token <|endoftext|>
             integer("tokenizer.vocab_size", self.vocab_size, least=N_BYTES + 1)

@@ -52,14 +52,15 @@ def _train(cfg: DictConfig) -> float | None:
     from hydra.core.hydra_config import HydraConfig
 
     from tinylm.checkpoint import CheckpointNotWritten
+    from tinylm.sources import HubError
     from tinylm.train import RunConfig, TrainingDiverged, TrainingInterrupted, train
 
     run_cfg = run_or_exit(PROG, lambda: RunConfig.from_config(
         cfg, HydraConfig.get().runtime.output_dir))
     try:
         metrics = run_or_exit(PROG, lambda: train(run_cfg),
-                              errors=(ValueError, FileNotFoundError, TrainingDiverged,
-                                      CheckpointNotWritten))
+                              errors=(ValueError, FileNotFoundError, HubError,
+                                      TrainingDiverged, CheckpointNotWritten))
     except TrainingInterrupted as err:
         if err.checkpoint is not None:
             print(f"\n{PROG}: stopped by {signal.Signals(err.signum).name} at step {err.step}; "

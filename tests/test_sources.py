@@ -1,0 +1,155 @@
+"""The embedded corpora and their checksums, reading local files as rows, reaching the hub."""
+
+import hashlib
+import shutil
+import socket
+import time
+
+import pytest
+
+import tinylm.sources
+from tinylm.data import DataConfig, prepare_data
+from tinylm.sources import (
+    CHECKSUMS,
+    HubError,
+    check_hub_reachable,
+    embedded_dir,
+    hub_rows,
+    read_rows,
+)
+from tinylm.tokenizer import TokenizerConfig
+
+CORPORA = {"tinystories/train-head.txt": 197_290, "tinystories/validation-head.txt": 794_375,
+           "tinyshakespeare/input.txt": 1_115_394}
+
+
+def test_embedded_corpora_match_their_checksums_and_carry_their_licenses():
+    root = embedded_dir()
+    listed = {}
+    for line in (root / CHECKSUMS).read_text(encoding="utf-8").splitlines():
+        digest, name = line.split()
+        listed[name] = digest
+    assert set(listed) == set(CORPORA)
+    for name, size in CORPORA.items():
+        data = (root / name).read_bytes()
+        assert len(data) == size and hashlib.sha256(data).hexdigest() == listed[name], name
+    license_text = (root / "tinystories" / "LICENSE").read_text(encoding="utf-8")
+    assert "CDLA-Sharing-1.0" in license_text and "arXiv:2305.07759" in license_text
+    assert "public domain" in (root / "tinyshakespeare" / "ATTRIBUTION").read_text()
+
+
+@pytest.fixture
+def embedded_copy(tmp_path, monkeypatch):
+    """A copy of the embedded corpora standing in for them, free to damage."""
+    copy = tmp_path / "corpora"
+    shutil.copytree(embedded_dir(), copy)
+    monkeypatch.setattr(tinylm.sources, "embedded_dir", lambda: copy)
+    monkeypatch.delenv("TINYLM_DATA_ROOT", raising=False)
+    return copy
+
+
+@pytest.mark.parametrize("damage", ["altered", "missing"])
+def test_a_damaged_embedded_file_is_refused_in_one_line_saying_how_to_restore_it(
+        embedded_copy, tmp_path, damage):
+    path = embedded_copy / "tinystories" / "validation-head.txt"
+    if damage == "altered":
+        path.write_bytes(path.read_bytes().replace(b"Lily", b"Lucy", 1))
+        expected = hashlib.sha256(path.read_bytes()).hexdigest()
+    else:
+        path.unlink()
+    with pytest.raises((ValueError, FileNotFoundError)) as err:
+        prepare_data(DataConfig(cache_dir=str(tmp_path / "data")), TokenizerConfig(),
+                     log=lambda _: None)
+    message = str(err.value)
+    assert "\n" not in message and str(path) in message and "git checkout data/" in message
+    if damage == "altered":
+        assert f"SHA-256 is {expected}, SHA256SUMS says 5fc1fb0113df" in message
+    else:
+        assert "is missing" in message
+    assert not (tmp_path / "data").exists()
+
+
+def test_data_root_and_the_environment_override_the_embedded_corpora(tmp_path, monkeypatch):
+    (tmp_path / "mine" / "tinystories").mkdir(parents=True)
+    for name in ("train-head.txt", "validation-head.txt"):
+        (tmp_path / "mine" / "tinystories" / name).write_text(
+            "\n\n".join(f"Story {i} about Lily." for i in range(200)), encoding="utf-8")
+    logs = []
+    monkeypatch.setenv("TINYLM_DATA_ROOT", str(tmp_path / "mine"))
+    prepare_data(DataConfig(cache_dir=str(tmp_path / "a")), TokenizerConfig(vocab_size=300),
+                 log=logs.append)
+    assert f"local files under {tmp_path / 'mine'}:" in logs[0]
+    monkeypatch.setenv("TINYLM_DATA_ROOT", str(tmp_path / "nowhere"))
+    with pytest.raises(FileNotFoundError) as err:
+        prepare_data(DataConfig(cache_dir=str(tmp_path / "b")), TokenizerConfig(),
+                     log=lambda _: None)
+    assert "\n" not in str(err.value)
+    assert f"under {tmp_path / 'nowhere'} ($TINYLM_DATA_ROOT)" in str(err.value)
+    logs.clear()  # data.data_root wins over the environment
+    prepare_data(DataConfig(data_root=str(tmp_path / "mine"), cache_dir=str(tmp_path / "c")),
+                 TokenizerConfig(vocab_size=300), log=logs.append)
+    assert f"local files under {tmp_path / 'mine'}:" in logs[0]
+
+
+TRICKY = ("First line.\r\nSecond line, same paragraph.\n\n\n\nAfter three blank lines.\n"
+          "\n\nCafé 😀 at the end\n\n\n") * 40 + "no newline at the end"
+
+
+@pytest.mark.parametrize("sample_by", ["line", "paragraph", "document"])
+def test_rows_are_those_of_the_datasets_text_loader_whatever_the_chunk_size(
+        tmp_path, monkeypatch, sample_by):
+    import datasets
+
+    path = tmp_path / "tricky.txt"
+    path.write_bytes(TRICKY.encode())
+    expected = datasets.load_dataset("text", data_files=[str(path)], split="train",
+                                     sample_by=sample_by, cache_dir=str(tmp_path / "cache"))
+    for chunk in (7, 64, 1 << 20):  # chunk borders inside lines, paragraphs and characters
+        monkeypatch.setattr(tinylm.sources, "READ_CHUNK", chunk)
+        assert list(read_rows(path, sample_by)) == expected["text"], chunk
+
+
+# ----------------------------------------------------------------------------------- the hub
+
+@pytest.fixture
+def closed_port():
+    """A local port nothing listens on: connecting is refused at once."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.parametrize("switch", ["HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE"])
+def test_offline_switches_stop_the_hub_at_once_and_name_the_offline_choices(
+        monkeypatch, switch):
+    monkeypatch.setenv(switch, "1")
+    with pytest.raises(HubError, match=rf"switched off \({switch}=1\); offline, train on the "
+                                       r"embedded TinyStories sample \(data=tinystories\)"):
+        check_hub_reachable()
+
+
+def test_an_unreachable_hub_is_reported_in_one_line_within_seconds(monkeypatch, closed_port):
+    for var in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "HTTPS_PROXY", "https_proxy",
+                "ALL_PROXY", "all_proxy"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("HF_ENDPOINT", f"http://127.0.0.1:{closed_port}")
+    start = time.perf_counter()
+    with pytest.raises(HubError) as err:
+        prepare_data(DataConfig(source="hub"), TokenizerConfig(), log=lambda _: None)
+    assert time.perf_counter() - start < 5
+    message = str(err.value)
+    assert "\n" not in message and f"(127.0.0.1:{closed_port}) is unreachable" in message
+    assert "data=tinyshakespeare" in message and "data=text" in message
+
+
+def test_hub_errors_while_streaming_become_one_line(monkeypatch):
+    import datasets
+
+    def broken(*args, **kwargs):
+        raise ConnectionError("Couldn't reach 'roneneldan/TinyStories' on the Hub\n(details)")
+
+    monkeypatch.setattr(datasets, "load_dataset", broken)
+    with pytest.raises(HubError, match=r"^could not read 'roneneldan/TinyStories' \(split "
+                                       r"'train'\) from the Hugging Face hub: Couldn't reach "
+                                       r"'roneneldan/TinyStories' on the Hub; offline"):
+        next(hub_rows("roneneldan/TinyStories", "train"))

@@ -1,0 +1,211 @@
+"""Where corpus text comes from: the embedded corpora, local files, the Hugging Face hub.
+
+Everything here streams: local files are read a few MB at a time and cut into rows, hub datasets
+are read with `datasets.load_dataset(..., streaming=True)`, so no corpus is ever held whole.
+
+    root = data_root(None)                          # the embedded corpora (data/corpora/)
+    files = resolve_files(root, ["tinystories/*.txt"], "tinystories", embedded=True)
+    for paragraph in read_rows(files[0], sample_by="paragraph"): ...
+    for story in hub_rows("roneneldan/TinyStories", "validation", limit=100): ...
+"""
+
+from __future__ import annotations
+
+import codecs
+import hashlib
+import os
+import socket
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from urllib.parse import urlsplit
+
+from tinylm.config import shipped_dir
+
+DATA_ROOT_ENV = "TINYLM_DATA_ROOT"  # overrides where relative data.files are read from
+CHECKSUMS = "SHA256SUMS"
+RESTORE = "restore it with `git checkout data/` (or reinstall tinylm)"
+OFFLINE_CHOICES = ("offline, train on the embedded TinyStories sample (data=tinystories), on Tiny "
+                   "Shakespeare (data=tinyshakespeare) or on your own text (data=text "
+                   "'data.files=[notes/*.txt]')")
+READ_CHUNK = 8 << 20  # characters read from a local file at a time
+_TRUE = {"1", "ON", "YES", "TRUE"}  # how huggingface_hub reads its boolean variables
+
+
+class HubError(RuntimeError):
+    """The hub cannot be read (offline, unreachable, unknown dataset); the message says why."""
+
+
+def embedded_dir() -> Path:
+    """The corpora shipped with tinylm: data/corpora/ of a checkout, tinylm/corpora/ of a wheel."""
+    return shipped_dir("data/corpora", "corpora")
+
+
+def data_root(configured: str | None) -> tuple[Path, str]:
+    """(folder that relative data.files are read from, why that one).
+
+    data.data_root wins, then $TINYLM_DATA_ROOT, then the embedded corpora.
+    """
+    if configured is not None:
+        root, why = Path(configured), "data.data_root"
+    elif os.environ.get(DATA_ROOT_ENV):
+        root, why = Path(os.environ[DATA_ROOT_ENV]), f"${DATA_ROOT_ENV}"
+    else:
+        root, why = embedded_dir(), "the embedded corpora"
+    return root.expanduser().resolve(), why
+
+
+def _match(root: Path, pattern: str) -> list[Path]:
+    """Files `pattern` names under `root` (absolute patterns ignore root); sorted for globs."""
+    path = Path(pattern).expanduser()
+    if not path.is_absolute():
+        path = root / path
+    if any(ch in pattern for ch in "*?["):
+        anchor = Path(path.anchor)
+        return sorted(p for p in anchor.glob(str(path.relative_to(anchor))) if p.is_file())
+    return [path] if path.is_file() else []
+
+
+def resolve_files(root: Path, patterns: list[str], corpus: str, why: str) -> list[Path]:
+    """The files `patterns` name under `root`, each once; FileNotFoundError in one line if any
+    pattern matches nothing."""
+    files, missing = [], []
+    for pattern in patterns:
+        if (root / Path(pattern).expanduser()).is_dir():
+            example = f"{pattern.rstrip('/')}/*.txt"
+            raise ValueError(f"data.files: {pattern} is a directory ({root / pattern}); name "
+                             f"the files in it, e.g. 'data.files=[{example}]'")
+        matches = _match(root, pattern)
+        if not matches:
+            missing.append(pattern)
+        files += [m for m in matches if m not in files]  # a file named twice is read once
+    if root == embedded_dir().resolve() and missing:
+        raise FileNotFoundError(f"embedded corpus file {root / missing[0]} is missing; {RESTORE}")
+    if missing:
+        raise FileNotFoundError(
+            f"corpus {corpus!r}: no {', '.join(missing)} under {root} ({why}); point at the "
+            f"folder holding them with data.data_root=/path or {DATA_ROOT_ENV}=/path, or use "
+            "your own files with data=text 'data.files=[path/to/*.txt]'")
+    return files
+
+
+def check_embedded(root: Path, inputs: list[dict]) -> None:
+    """Refuse an embedded corpus file whose SHA-256 (scan_file's) differs from SHA256SUMS, in
+    one line; files read from elsewhere than the embedded corpora are not checked."""
+    if root != embedded_dir().resolve():
+        return
+    sums = {}
+    for line in (root / CHECKSUMS).read_text(encoding="utf-8").splitlines():
+        digest, name = line.split(maxsplit=1)
+        sums[(root / name.lstrip("*")).resolve()] = digest
+    for item in inputs:
+        expected = sums.get(Path(item["path"]).resolve())
+        if expected is not None and item["sha256"] != expected:
+            raise ValueError(f"embedded corpus file {item['path']} is altered: its SHA-256 is "
+                             f"{item['sha256']}, {CHECKSUMS} says {expected}; {RESTORE}")
+
+
+def scan_file(path: Path, strict_utf8: bool = True, log: Callable[[str], None] = print) -> dict:
+    """Size and SHA-256 of a corpus file; refuses empty files and (if strict) invalid UTF-8."""
+    digest = hashlib.sha256()
+    decoder = codecs.getincrementaldecoder("utf-8")()
+    consumed = newlines = 0  # bytes and line breaks before the current chunk
+    has_text = bad_utf8 = False
+    with open(path, "rb") as f:
+        while True:
+            chunk = f.read(1 << 20)
+            digest.update(chunk)
+            has_text = has_text or bool(chunk.strip())
+            if not bad_utf8:
+                pending = decoder.getstate()[0]  # a character cut by the chunk border
+                try:
+                    decoder.decode(chunk, final=not chunk)
+                except UnicodeDecodeError as err:
+                    bad_utf8 = True
+                    where = pending + chunk
+                    offset = consumed - len(pending) + err.start
+                    line = newlines + where[:err.start].count(b"\n") + 1
+                    problem = (f"{path} is not valid UTF-8: byte offset {offset} (line {line}) "
+                               f"holds {where[err.start:err.end]!r} ({err.reason})")
+                    if strict_utf8:
+                        raise ValueError(problem + "; fix the file or set "
+                                         "data.on_decode_error=replace to read bad bytes as "
+                                         "U+FFFD") from None
+                    log(f"Note: {problem}; replacing bad bytes with U+FFFD "
+                        "(data.on_decode_error=replace)")
+            if not chunk:
+                break
+            consumed += len(chunk)
+            newlines += chunk.count(b"\n")
+    if consumed == 0:
+        raise ValueError(f"corpus file {path} is empty (0 bytes)")
+    if not has_text:
+        raise ValueError(f"corpus file {path} holds only whitespace ({consumed} bytes)")
+    return {"path": str(path), "bytes": consumed, "sha256": digest.hexdigest()}
+
+
+def read_rows(path: Path, sample_by: str, errors: str = "strict") -> Iterator[str]:
+    """The rows of a UTF-8 text file, read a chunk at a time: its lines (without the line
+    break), its paragraphs (non-empty pieces between blank lines) or the whole file.
+
+    The same rows as datasets' "text" loader: newlines are universal ("\\r\\n" reads as "\\n").
+    """
+    with open(path, encoding="utf-8", errors=errors) as f:
+        if sample_by == "document":
+            yield f.read()
+            return
+        carry = ""  # a paragraph that may continue in the next chunk
+        while chunk := f.read(READ_CHUNK):
+            chunk += f.readline()  # end on a line break, so no line is cut in two
+            if sample_by == "line":
+                yield from chunk.removesuffix("\n").split("\n")
+                continue
+            pieces = (carry + chunk).split("\n\n")
+            carry = pieces.pop()
+            yield from (p for p in pieces if p)
+        if carry:
+            yield carry
+
+
+# ----------------------------------------------------------------------------------- the hub
+
+def check_hub_reachable(timeout: float = 5.0) -> None:
+    """Raise HubError at once when the hub is switched off or cannot be connected to.
+
+    huggingface_hub would retry for half a minute or more before giving up. Behind a proxy
+    (HTTPS_PROXY, ALL_PROXY) a direct connection proves nothing, so only the offline switches
+    are checked there.
+    """
+    for switch in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE"):
+        if os.environ.get(switch, "").upper() in _TRUE:
+            raise HubError(f"the Hugging Face hub is switched off ({switch}="
+                           f"{os.environ[switch]}); {OFFLINE_CHOICES}")
+    if any(os.environ.get(v) for v in ("HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy")):
+        return
+    endpoint = urlsplit(os.environ.get("HF_ENDPOINT") or "https://huggingface.co")
+    port = endpoint.port or (443 if endpoint.scheme == "https" else 80)
+    try:
+        socket.create_connection((endpoint.hostname, port), timeout=timeout).close()
+    except OSError as err:
+        raise HubError(f"the Hugging Face hub ({endpoint.hostname}:{port}) is unreachable "
+                       f"({err.strerror or err}); {OFFLINE_CHOICES}") from None
+
+
+def hub_rows(hub_id: str, split: str, limit: int | None = None) -> Iterator[str]:
+    """The "text" of each row of a hub dataset's split, streamed (first `limit` rows if given)."""
+    import datasets
+
+    where = f"{hub_id!r} (split {split!r}) from the Hugging Face hub"
+    try:
+        stream = datasets.load_dataset(hub_id, split=split, streaming=True)
+        if limit:
+            stream = stream.take(limit)
+        for row in stream:
+            if "text" not in row:
+                raise ValueError(f"hub dataset {hub_id!r} has no 'text' column (columns: "
+                                 f"{', '.join(row)})")
+            yield row["text"]
+    except ValueError:
+        raise
+    except Exception as err:  # offline, unknown id, connection lost mid-stream: one line
+        first_line = (str(err).strip().splitlines() or [type(err).__name__])[0]
+        raise HubError(f"could not read {where}: {first_line}; {OFFLINE_CHOICES}") from err
