@@ -270,6 +270,7 @@ def test_threads_auto_resumes_with_the_count_the_run_started_with(
 
     chosen.append(1)
     cfg.train.resume = True
+    caplog.clear()  # the start-up lines of the runs above
     with caplog.at_level("INFO", logger="tinylm.train"):
         metrics = train(cfg)
     assert_same_run(run_dir, tmp_path / "full", metrics, full_metrics)
