@@ -43,7 +43,8 @@ TINY = ["data=text", "tokenizer.vocab_size=300", "model.n_layer=2", "model.n_hea
         "train.eval_interval=10", "train.eval_batches=2", "train.checkpoint_interval=10",
         "train.log_interval=1", "train.sample_tokens=0", "train.probe_prompt=''",
         "train.device=cpu", "train.precision=fp32", "optim.lr=1e-2", "optim.warmup_steps=5",
-        # one fixed thread count: results are bit for bit the same only with the same count
+        # two separate runs (full_run and one stopped and resumed) match bit for bit only with
+        # the same thread count, and auto may choose another one for each as the load changes
         "train.threads=1"]
 PEOPLE = [("Lily", "she"), ("Tom", "he"), ("Mia", "she"), ("Ben", "he"), ("Sue", "she")]
 THINGS = ["ball", "cat", "kite", "cake", "red box", "little dog"]
@@ -199,30 +200,24 @@ def test_tensorboard_holds_the_promised_scalars_text_images_and_hparams(full_run
     assert all(0 < v < 1 for v in mfu)
 
 
-def test_resume_after_sigint_matches_the_uninterrupted_run_bit_for_bit(
-        corpus, full_run, tmp_path, monkeypatch):
-    run_dir = tmp_path / "run"
-    cfg = run_config(corpus, run_dir, "model.dropout=0.1", "train.sample_tokens=16",
-                     "train.probe_prompt='Lily went home. She'")
+def ctrl_c_during_step(monkeypatch, step):
+    """Send this process SIGINT while the next run draws its batch for `step`; returns a
+    function that takes the interruption away again."""
     draw, calls = BatchSampler.next_batch, []
 
-    def next_batch_then_ctrl_c(self, device="cpu"):  # Ctrl-C arrives during step 13
+    def next_batch_then_ctrl_c(self, device="cpu"):
         if self.path.name == "train.bin":
             calls.append(1)
-            if len(calls) == 13:
+            if len(calls) == step:
                 os.kill(os.getpid(), signal.SIGINT)
         return draw(self, device)
 
     monkeypatch.setattr(BatchSampler, "next_batch", next_batch_then_ctrl_c)
-    with pytest.raises(TrainingInterrupted) as stopped:
-        train(cfg)
-    assert stopped.value.signum == signal.SIGINT and stopped.value.step == 13
-    assert stopped.value.checkpoint.name == "step-0000013"
-    monkeypatch.setattr(BatchSampler, "next_batch", draw)
+    return lambda: monkeypatch.setattr(BatchSampler, "next_batch", draw)
 
-    cfg.train.resume = True
-    metrics = train(cfg)
-    full_dir, full_metrics = full_run
+
+def assert_same_run(run_dir, full_dir, metrics, full_metrics):
+    """The losses, final metrics and both checkpoints' weights are bit for bit the same."""
     assert metrics["val_loss"] == full_metrics["val_loss"]
     assert scalars(run_dir, "train/loss") == scalars(full_dir, "train/loss")
     assert scalars(run_dir, "val/loss") == scalars(full_dir, "val/loss")
@@ -230,6 +225,69 @@ def test_resume_after_sigint_matches_the_uninterrupted_run_bit_for_bit(
         resumed, uninterrupted = weights(run_dir, tag), weights(full_dir, tag)
         assert resumed.keys() == uninterrupted.keys()
         assert all(torch.equal(resumed[k], uninterrupted[k]) for k in resumed)
+
+
+def test_resume_after_sigint_matches_the_uninterrupted_run_bit_for_bit(
+        corpus, full_run, tmp_path, monkeypatch):
+    run_dir = tmp_path / "run"
+    cfg = run_config(corpus, run_dir, "model.dropout=0.1", "train.sample_tokens=16",
+                     "train.probe_prompt='Lily went home. She'")
+    uninterrupt = ctrl_c_during_step(monkeypatch, 13)
+    with pytest.raises(TrainingInterrupted) as stopped:
+        train(cfg)
+    assert stopped.value.signum == signal.SIGINT and stopped.value.step == 13
+    assert stopped.value.checkpoint.name == "step-0000013"
+    uninterrupt()
+
+    cfg.train.resume = True
+    metrics = train(cfg)
+    full_dir, full_metrics = full_run
+    assert_same_run(run_dir, full_dir, metrics, full_metrics)
+
+
+def test_threads_auto_resumes_with_the_count_the_run_started_with(
+        corpus, tmp_path, monkeypatch, caplog):
+    """auto would choose 1 thread at the resume (the machine got busier): the resume keeps the
+    first run's 2, and ends with exactly the weights and losses of the uninterrupted run."""
+    chosen = []
+
+    def auto(setting, since=None):
+        chosen.append(chosen[-1] if chosen else 2)
+        return tinylm.threads.ThreadChoice(chosen[-1], "auto: test")
+
+    monkeypatch.setattr(tinylm.threads, "choose_threads", auto)
+    # wide enough that 1 and 2 threads give other losses in the last digits (at n_embd 32 not)
+    overrides = ["train.threads=auto", "model.dropout=0.1", "train.max_steps=12",
+                 "train.eval_interval=6", "train.checkpoint_interval=6", "model.n_embd=128",
+                 "model.block_size=64", "train.batch_size=16"]
+    full_metrics = train(run_config(corpus, tmp_path / "full", *overrides))
+    run_dir = tmp_path / "run"
+    cfg = run_config(corpus, run_dir, *overrides)
+    uninterrupt = ctrl_c_during_step(monkeypatch, 8)
+    with pytest.raises(TrainingInterrupted):
+        train(cfg)
+    uninterrupt()
+
+    chosen.append(1)
+    cfg.train.resume = True
+    caplog.clear()  # the start-up lines of the runs above
+    with caplog.at_level("INFO", logger="tinylm.train"):
+        metrics = train(cfg)
+    assert_same_run(run_dir, tmp_path / "full", metrics, full_metrics)
+    start_up = next(r.message for r in caplog.records if r.message.startswith("Model:"))
+    assert "float32 on cpu, 2 threads (resumed run's count)" in start_up
+
+
+def test_a_resume_with_another_explicit_thread_count_uses_it_and_says_so(
+        corpus, full_run, tmp_path, caplog):
+    source = resolve_checkpoint_dir(full_run[0], "last")  # trained with train.threads=1
+    with caplog.at_level("INFO", logger="tinylm.train"):
+        train(run_config(corpus, tmp_path / "more", "model.dropout=0.1", "train.max_steps=31",
+                         "train.threads=2", f"train.resume={source}"))
+    start_up = next(r.message for r in caplog.records if r.message.startswith("Model:"))
+    assert "2 threads (set)" in start_up
+    assert any("train.threads=2, the checkpoint was trained with 1: the losses and weights "
+               "may then differ in the last digits" in r.message for r in caplog.records)
 
 
 def test_threads_auto_is_chosen_at_start_and_said_in_the_start_up_line(

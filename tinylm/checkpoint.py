@@ -9,7 +9,7 @@ Layout inside a run directory:
         model_config.json      ModelConfig, enough to rebuild the model
         config.yaml            the resolved run config
         tokenizer.json         the tokenizer the model was trained with
-        trainer_state.pt       optimizer, schedule, step, RNG and sampler state (tensors only)
+        trainer_state.pt       optimizer, schedule, step, RNG, sampler state, thread count
       last -> step-0000500     symlinks, switched atomically
       best -> step-0000250
 

@@ -14,8 +14,10 @@ the step and returns serialized TensorBoard `Summary` protos; adding one is one 
 A process rather than a thread: matplotlib holds the GIL while it draws, and every torch call of
 the training loop needs the GIL back, so a drawing thread slowed the steps as much as
 drawing inline (docs/benchmarks.md). The helper imports no torch and runs at a lower priority.
-It still takes a core while it draws, and torch's threads all wait for the slowest of them, so
-the trainer gives torch one thread fewer while the helper is busy (Trainer.run).
+It still shares the cores with training while it draws: torch's thread count stays as the run
+chose it (a count that changed mid-run would change the losses in their last digits, and a
+resumed run must match an uninterrupted one bit for bit), so on a machine with no idle core the
+drawing still costs some training time (docs/benchmarks.md).
 """
 
 from __future__ import annotations
@@ -76,11 +78,6 @@ class Extras:
     def pending(self) -> int:
         """Extras submitted and not yet written."""
         return len(self._pending)
-
-    @property
-    def busy(self) -> bool:
-        """Whether the helper is drawing (or has work queued) right now."""
-        return any(not job[2].done() for job in self._pending)
 
     def write_finished(self, writer) -> None:
         """Write the summaries of the extras finished so far, oldest first; an extra that

@@ -55,7 +55,7 @@ from tinylm.data import BatchSampler, DataConfig, check_enough_tokens, prepare_d
 from tinylm.device import resolve_device
 from tinylm.extras import Extras, attention_grid_summaries, layer_head_summaries
 from tinylm.model import ModelConfig, TinyLM
-from tinylm.threads import apply_threads, check_threads_setting, start_sample
+from tinylm.threads import ThreadChoice, apply_threads, check_threads_setting, start_sample
 from tinylm.tokenizer import TokenizerConfig
 
 log = logging.getLogger(__name__)
@@ -577,6 +577,7 @@ class Trainer:
         self.step, self.best_val = state["step"], state["best_val_loss"]
         self.tokens_seen = state["tokens_seen"]
         if state["world_size"] == self.world_size:
+            self._resume_threads(state.get("threads"))
             self.sampler.load_state_dict(state["sampler"][self.rank])
             torch.set_rng_state(state["rng_cpu"][self.rank])
             if self.device.type == "cuda" and state["rng_cuda"]:
@@ -590,12 +591,27 @@ class Trainer:
                                         self.world_size)
         self.info(f"Resuming from {ckpt.directory} at step {self.step}")
 
+    def _resume_threads(self, saved: list[int] | None) -> None:
+        """threads=auto: the count the run started with (saved in its trainer state), not a new
+        choice, so that the resumed steps compute as the first run's did; a number is used as
+        it is. A trainer state saved before the count was (no "threads"): this start's choice."""
+        if not saved:
+            return
+        count = int(saved[self.rank])
+        if self.t.threads == "auto":
+            self.threads = ThreadChoice(count, "resumed run's count")
+            torch.set_num_threads(count)
+        elif count != self.threads.threads:
+            log.warning(f"resuming with train.threads={self.threads.threads}, the checkpoint was "
+                        f"trained with {count}: the losses and weights may then differ in the "
+                        "last digits from those of an uninterrupted run")
+
     def save(self, tags: tuple[str, ...]) -> None:
         """Checkpoint the current step (every rank takes part: each hands over its RNG/sampler)."""
         on_cuda = self.device.type == "cuda"
         states = _gather((self.sampler.state_dict(), torch.get_rng_state(),
-                          torch.cuda.get_rng_state(self.device) if on_cuda else None),
-                         self.world_size)
+                          torch.cuda.get_rng_state(self.device) if on_cuda else None,
+                          self.threads.threads), self.world_size)
         if not self.is_main:
             return
         trainer_state = {
@@ -603,7 +619,7 @@ class Trainer:
             "world_size": self.world_size, "optimizer": self.optimizer.state_dict(),
             "scaler": self.scaler.state_dict(), "sampler": [s[0] for s in states],
             "rng_cpu": [s[1] for s in states], "rng_cuda": [s[2] for s in states] if on_cuda
-            else None}
+            else None, "threads": [s[3] for s in states]}
         try:
             save_checkpoint(self.run_dir, self.model, self.tokenizer,
                             self.run_config.to_dict(), self.step, trainer_state, tags)
@@ -691,17 +707,6 @@ class Trainer:
         w.add_scalar("train/mfu", self.model.flops_per_token() * tokens_per_s / self.peak_flops,
                      step)
 
-    def _leave_a_core_to_the_extras(self) -> None:
-        """threads=auto: one torch thread fewer while the helper draws. torch's threads wait
-        for the slowest of them at every operation, and one that shares its core with the
-        helper is slow: an evaluation's figures then cost 2.7 s of training time instead of
-        1.0 (docs/benchmarks.md). A number in train.threads is kept as it is."""
-        threads = self.threads.threads
-        if self.t.threads == "auto" and self.extras is not None and self.extras.busy:
-            threads = max(1, threads - 1)
-        if threads != torch.get_num_threads():
-            torch.set_num_threads(threads)
-
     def close_logs(self, wait: bool = True) -> None:
         """Write the figures still being drawn, then close the TensorBoard files; with
         wait=False, or on Ctrl-C while waiting, drop those figures and say so."""
@@ -734,7 +739,6 @@ class Trainer:
         try:
             with stop, logging_redirect_tqdm(), bar:
                 while self.step < t.max_steps:
-                    self._leave_a_core_to_the_extras()
                     train_loss, grad_norm, lr, stopping = self.train_step(stop)
                     losses.append(train_loss)
                     window_steps += 1
