@@ -29,6 +29,7 @@ import math
 import os
 import re
 import shutil
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -345,3 +346,12 @@ def load_checkpoint(path: str | Path, device: str | torch.device = "cpu",
     model.to(device).eval()
     return Checkpoint(directory, model, config, tokenizer, run_config or {},
                       state if state.is_file() else None)
+
+
+def default_logdir(checkpoint_dir: Path, kind: str = "inspect") -> Path:
+    """<run dir>/<kind>/<timestamp> for a checkpoint inside <run dir>/checkpoints/."""
+    checkpoint_dir = Path(checkpoint_dir)
+    run_dir = checkpoint_dir.parent
+    if run_dir.name == "checkpoints":
+        run_dir = run_dir.parent
+    return run_dir / kind / time.strftime("%Y-%m-%d_%H-%M-%S")

@@ -15,7 +15,6 @@ Every number printed comes from tinylm's own attention code (`attention_steps`,
 from __future__ import annotations
 
 import math
-import textwrap
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,13 +24,13 @@ import torch
 
 from tinylm.attention import AttentionSteps, MultiHeadAttention, attention_steps
 from tinylm.config import flag, integer
+from tinylm.tables import MAX_WIDTH, paragraph, side_by_side, table, vector
 from tinylm.threads import apply_threads, check_threads_setting, start_sample
 
 # The explainer's worked example (../shared/docs/attention-explainer.md): 3 tokens, d = 2, Q = K.
 EXAMPLE_Q = [[1.0, 0.0], [0.0, 1.0], [1.0, 1.0]]
 EXAMPLE_V = [[1.0, 0.0], [0.0, 2.0], [1.0, 1.0]]
 QKV_FILE_KEYS = ("q", "k", "v", "x")
-MAX_WIDTH = 100  # tables are set side by side while they fit in this many columns
 
 
 @dataclass
@@ -234,77 +233,6 @@ def model_head_steps(model, idx: torch.Tensor, layer: int, head: int
     q, k, v = attn.project_heads(captured[0])  # (1, nh, T, hs)
     steps = attention_steps(q[0, head], k[0, head], v[0, head], is_causal=True)
     return steps, v[0, head], out.attentions[layer][0, head]
-
-
-# ----------------------------------------------------------------------------- text tables
-
-
-def _decimals(values: list[float], digits: int) -> int:
-    """Fewest decimals (at most `digits`) that show every finite value as it shows at `digits`."""
-    need = 0
-    for x in values:
-        if math.isfinite(x):
-            target = round(x, digits)
-            while need < digits and round(x, need) != target:
-                need += 1
-    return need
-
-
-def _number(x: float, dec: int) -> str:
-    if math.isinf(x):
-        return "-inf" if x < 0 else "inf"
-    text = f"{x:.{dec}f}"
-    return text.lstrip("-") if float(text) == 0 else text  # no "-0.0000"
-
-
-def vector(values: torch.Tensor | Sequence[float], digits: int) -> str:
-    """A short vector as "[0.8022, 0.7967]", with the fewest decimals (<= digits) it needs."""
-    values = [float(x) for x in values]
-    dec = _decimals(values, digits)
-    return "[" + ", ".join(_number(x, dec) for x in values) + "]"
-
-
-def table(title: str, values: Any, rows: Sequence[str], cols: Sequence[str], digits: int,
-          mark: int | None = None) -> list[str]:
-    """A titled table; numbers share one precision, strings are shown as they are.
-
-    `mark` puts a ">" before that row (the query the walkthrough follows).
-    """
-    cells = [[float(x) if not isinstance(x, str) else x for x in row] for row in
-             (values.tolist() if isinstance(values, torch.Tensor) else values)]
-    dec = _decimals([x for row in cells for x in row if isinstance(x, float)], digits)
-    text = [[x if isinstance(x, str) else _number(x, dec) for x in row] for row in cells]
-    label_width = max(len(r) for r in rows)
-    widths = [max([len(c)] + [len(row[j]) for row in text]) for j, c in enumerate(cols)]
-    header = "".join(f"  {c:>{w}}" for c, w in zip(cols, widths, strict=True))
-    lines = [title, "  " + " " * label_width + header]
-    for i, (label, row) in enumerate(zip(rows, text, strict=True)):
-        lead = "> " if i == mark else "  "
-        lines.append(lead + f"{label:<{label_width}}" +
-                     "".join(f"  {x:>{w}}" for x, w in zip(row, widths, strict=True)))
-    return lines
-
-
-def side_by_side(blocks: Sequence[list[str]], gap: int = 4) -> list[str]:
-    """Blocks of lines next to each other while they fit in MAX_WIDTH, else one under another."""
-    widths = [max(len(line) for line in block) for block in blocks]
-    if sum(widths) + gap * (len(blocks) - 1) > MAX_WIDTH:
-        out = []
-        for block in blocks:
-            out += block + [""]
-        return out[:-1]
-    height = max(len(block) for block in blocks)
-    out = []
-    for i in range(height):
-        parts = [(block[i] if i < len(block) else "").ljust(w) for block, w in
-                 zip(blocks, widths, strict=True)]
-        out.append((" " * gap).join(parts).rstrip())
-    return out
-
-
-def paragraph(text: str, indent: str = "") -> list[str]:
-    """Prose wrapped to MAX_WIDTH columns."""
-    return textwrap.wrap(text, MAX_WIDTH, initial_indent=indent, subsequent_indent=indent)
 
 
 def _labels(prefix: str, n: int) -> list[str]:

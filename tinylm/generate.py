@@ -18,6 +18,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from tinylm.checkpoint import default_logdir
 from tinylm.config import ConfigError, bad, flag, integer, number, one_of
 from tinylm.model import TinyLM
 from tinylm.threads import apply_threads, check_threads_setting, start_sample
@@ -196,15 +197,6 @@ def encode_prompt(tokenizer, text: str, block_size: int) -> tuple[list[int], int
         return [tokenizer.eot_id], 0
     dropped = max(0, len(ids) - block_size)
     return ids[dropped:], dropped
-
-
-def default_logdir(checkpoint_dir: Path, kind: str = "inspect") -> Path:
-    """<run dir>/<kind>/<timestamp> for a checkpoint inside <run dir>/checkpoints/."""
-    checkpoint_dir = Path(checkpoint_dir)
-    run_dir = checkpoint_dir.parent
-    if run_dir.name == "checkpoints":
-        run_dir = run_dir.parent
-    return run_dir / kind / time.strftime("%Y-%m-%d_%H-%M-%S")
 
 
 def _read_prompt(cfg: GenerateConfig) -> str:

@@ -697,9 +697,8 @@ def run_probe(cfg: ProbeConfig, out=None) -> dict:
     """Load checkpoint and probe files, score, print the summary, write JSON and TensorBoard."""
     import time
 
-    from tinylm.checkpoint import load_checkpoint
+    from tinylm.checkpoint import default_logdir, load_checkpoint
     from tinylm.device import resolve_device
-    from tinylm.generate import default_logdir
 
     cpu_sample = start_sample()
     out = out or sys.stdout
