@@ -27,8 +27,9 @@ from tinylm.checkpoint import (
     save_checkpoint,
 )
 from tinylm.cli import run_or_exit
+from tinylm.cli.generate import GenerateConfig, run_generate
 from tinylm.data import check_enough_tokens
-from tinylm.generate import GenerateConfig, generate, run_generate
+from tinylm.generate import generate
 from tinylm.probe import ProbeConfig, ProbeFileError, load_probe_file, run_probe
 from tinylm.sources import resolve_files
 from tinylm.tokenizer import CharTokenizer, load_tokenizer
