@@ -1,4 +1,4 @@
-"""Behaviour of tinylm.bench: every section runs and reports sound figures, the timing takes
+"""Behaviour of tinylm-bench: every section runs and reports sound figures, the timing takes
 turns, targets are judged, conf/bench.yaml builds BenchConfig, the command line writes its JSON.
 Smoke runs with tiny sizes, not timed tests."""
 
@@ -16,7 +16,9 @@ import torch
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
-from tinylm.bench import (
+from tinylm.bench import Ratio, Row, Section, Timing
+from tinylm.bench_train import bench_train
+from tinylm.cli.bench import (
     SECTIONS,
     AttentionBenchConfig,
     BenchConfig,
@@ -24,13 +26,8 @@ from tinylm.bench import (
     GenerateBenchConfig,
     InspectBenchConfig,
     LoadBenchConfig,
-    Ratio,
-    Row,
-    Section,
-    Timing,
     TrainBenchConfig,
     bench_config,
-    bench_train,
     format_section,
     run_bench,
 )

@@ -15,30 +15,31 @@ from omegaconf import OmegaConf
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from torch import nn
 
+from tinylm.cli.probe import ProbeConfig, run_probe
 from tinylm.config import config_dir, project_root, to_dataclass
 from tinylm.deciding import evidence, prediction_match
 from tinylm.inspection import NAMES, find_words
 from tinylm.model import LMOutput, TinyLM
 from tinylm.probe import (
-    EncodedAgreementItem,
-    EncodedAttentionItem,
-    ProbeConfig,
-    ProbeFileError,
     ablate_heads,
     agreement_margins,
     attention_to_mentions,
     baselines,
     deciding_report,
+    head_accuracy,
+    mention_attention,
+    probe,
+    word_log_probs,
+)
+from tinylm.probe_items import (
+    EncodedAgreementItem,
+    EncodedAttentionItem,
+    ProbeFileError,
     encode_agreement_item,
     encode_attention_item,
-    head_accuracy,
     load_probe_file,
-    mention_attention,
     new_word_tokens,
     parse_item,
-    probe,
-    run_probe,
-    word_log_probs,
 )
 from tinylm.tokenizer import BPETokenizer, CharTokenizer
 
