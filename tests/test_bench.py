@@ -168,6 +168,16 @@ def test_a_missed_target_is_printed_as_missed():
     assert section.to_dict()["ratios"][0]["met"] is False
 
 
+def test_a_section_table_aligns_names_left_figures_right_and_notes_last():
+    section = Section("demo", [Row("ours", 0.002, [0.002, 0.0015], {"tokens_per_s": 5e5}, "best"),
+                               Row("the peer", 0.01234, [0.01234], {"tokens_per_s": 81037.3})])
+    assert format_section(section).splitlines() == [
+        "== demo ==",
+        "candidate  median ms  min ms  tokens/s  note",
+        "ours            2.00    1.50   500,000  best",
+        "the peer       12.34   12.34    81,037"]
+
+
 def test_bench_yaml_builds_the_same_config_as_the_code_defaults():
     with initialize_config_dir(str(config_dir()), version_base="1.3"):
         cfg = compose("bench", overrides=["out=null"])
