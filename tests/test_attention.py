@@ -128,19 +128,23 @@ def test_kv_cache_gives_the_same_output_as_the_full_sequence(need_weights):
     mha = _mha(seed=2)
     x = torch.randn(2, 9, 32)
     full, _ = mha(x)
-    cache = KVCache(2, 4, max_len=16, head_size=8)
+    cache = KVCache(1, 2, 4, max_len=16, head_size=8)
     # a 4-token prefill, a 3-token chunk (queries after cached keys), then one token at a time
     pieces = [x[:, :4], x[:, 4:7], x[:, 7:8], x[:, 8:9]]
-    outputs = [mha(piece, kv_cache=cache, need_weights=need_weights)[0] for piece in pieces]
+    outputs = []
+    for piece in pieces:
+        outputs.append(mha(piece, kv_cache=cache.layer(0), need_weights=need_weights)[0])
+        cache.advance(piece.size(1))
     assert cache.length == 9
     assert (torch.cat(outputs, dim=1) - full).abs().max() <= 1e-5
 
 
 def test_kv_cache_refuses_to_overflow():
-    cache = KVCache(1, 2, max_len=4, head_size=3)
-    cache.append(torch.zeros(1, 2, 4, 3), torch.zeros(1, 2, 4, 3))
+    cache = KVCache(1, 1, 2, max_len=4, head_size=3)
+    cache.layer(0).append(torch.zeros(1, 2, 4, 3), torch.zeros(1, 2, 4, 3))
+    cache.advance(4)
     with pytest.raises(ValueError, match="holds 4 positions"):
-        cache.append(torch.zeros(1, 2, 1, 3), torch.zeros(1, 2, 1, 3))
+        cache.layer(0).append(torch.zeros(1, 2, 1, 3), torch.zeros(1, 2, 1, 3))
 
 
 def test_head_mask_zero_removes_exactly_that_head():

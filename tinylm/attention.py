@@ -135,32 +135,76 @@ def softmax_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
 
 
 class KVCache:
-    """Keys and values of one attention layer, kept across decoding steps.
+    """Keys and values of every attention layer, kept across decoding steps.
 
     Preallocated to `max_len` positions so that each step writes in place instead of
-    concatenating (which would copy the whole cache at every token).
+    concatenating (which would copy the whole cache at every token). Each layer writes its new
+    keys/values through its `layer(i)` slot; the model then calls `advance(T)` once, after the
+    last layer, so all layers always hold the same `length` positions.
     """
 
-    def __init__(self, batch_size: int, n_head: int, max_len: int, head_size: int,
+    def __init__(self, n_layer: int, batch_size: int, n_head: int, max_len: int, head_size: int,
                  dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu"):
-        shape = (batch_size, n_head, max_len, head_size)
-        self.k = torch.zeros(shape, dtype=dtype, device=device)
-        self.v = torch.zeros(shape, dtype=dtype, device=device)
-        self.length = 0
+        shape = (n_layer, batch_size, n_head, max_len, head_size)
+        self._k = torch.zeros(shape, dtype=dtype, device=device)
+        self._v = torch.zeros(shape, dtype=dtype, device=device)
+        self._length = 0
+
+    @property
+    def length(self) -> int:
+        """Positions cached so far; the next token's position."""
+        return self._length
 
     @property
     def max_len(self) -> int:
-        return self.k.size(2)
+        return self._k.size(3)
 
-    def append(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Store new keys/values (B, nh, T_new, hs); return all cached so far (B, nh, T, hs)."""
-        start, end = self.length, self.length + k.size(2)
+    def layer(self, i: int) -> LayerCache:
+        """Layer i's slot, which MultiHeadAttention writes to."""
+        return LayerCache(self, i)
+
+    def write(self, layer: int, k: torch.Tensor, v: torch.Tensor
+              ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Store a layer's new keys/values (B, nh, T_new, hs) after the cached positions;
+        return that layer's keys/values up to them (B, nh, length + T_new, hs)."""
+        start, end = self._length, self._length + k.size(2)
         if end > self.max_len:
             raise ValueError(f"KV cache holds {self.max_len} positions; {end} were asked for")
-        self.k[:, :, start:end] = k
-        self.v[:, :, start:end] = v
-        self.length = end
-        return self.k[:, :, :end], self.v[:, :, :end]
+        self._k[layer, :, :, start:end] = k
+        self._v[layer, :, :, start:end] = v
+        return self._k[layer, :, :, :end], self._v[layer, :, :, :end]
+
+    def advance(self, n: int) -> None:
+        """Count n new positions as cached, once every layer has written them."""
+        if n < 0 or self._length + n > self.max_len:
+            raise ValueError(f"KV cache holds {self.max_len} positions; cannot advance "
+                             f"{self._length} by {n}")
+        self._length += n
+
+    def reset(self) -> None:
+        """Forget every position; the buffers are kept and overwritten by the next writes."""
+        self._length = 0
+
+    def rewind(self, pos: int) -> None:
+        """Keep only the first `pos` positions (0 <= pos <= length); the next token goes at pos."""
+        if isinstance(pos, bool) or not isinstance(pos, int) or not 0 <= pos <= self._length:
+            raise ValueError(f"cannot rewind the KV cache to position {pos!r}: it must be an "
+                             f"integer from 0 to the {self._length} positions cached")
+        self._length = pos
+
+
+class LayerCache(NamedTuple):
+    """One layer's slot in a KVCache (KVCache.layer(i))."""
+
+    cache: KVCache
+    index: int
+
+    def append(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Store new keys/values (B, nh, T_new, hs); return all cached so far (B, nh, T, hs).
+
+        The cache's length moves on only at KVCache.advance, after the last layer.
+        """
+        return self.cache.write(self.index, k, v)
 
 
 class MultiHeadAttention(nn.Module):
@@ -191,13 +235,14 @@ class MultiHeadAttention(nn.Module):
     def forward(
         self,
         x: torch.Tensor,
-        kv_cache: KVCache | None = None,
+        kv_cache: LayerCache | None = None,
         need_weights: bool = False,
         head_mask: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """x (B, T, C) -> (y (B, T, C), weights (B, n_head, T_q, T_k) or None).
 
-        `kv_cache` appends this step's keys/values and attends over all cached positions.
+        `kv_cache` (this layer's slot of a KVCache) stores this step's keys/values after the
+        cached ones, and the queries attend over all of them.
         `head_mask` (n_head,) scales each head's output before the heads are concatenated;
         a 0 removes that head (ablation).
         """
