@@ -12,14 +12,9 @@ import torch
 
 from tinylm.attention import MultiHeadAttention
 from tinylm.checkpoint import save_checkpoint
-from tinylm.explain import (
-    ExplainConfig,
-    example_attention,
-    explain,
-    explain_model_head,
-    model_head_steps,
-    multi_head_walk,
-)
+from tinylm.cli.explain import ExplainConfig, explain
+from tinylm.explain import explain_model_head
+from tinylm.inspection import example_attention, model_head_steps, multi_head_walk
 from tinylm.model import ModelConfig, TinyLM
 from tinylm.tokenizer import BPETokenizer
 
@@ -193,7 +188,9 @@ def test_bad_checkpoint_mode_inputs_give_clear_errors(tiny_lm, cfg, message):
     model, tokenizer = tiny_lm
     cfg = {"checkpoint": "run", "text": STORY} | cfg
     with pytest.raises(ValueError) as err:
-        explain_model_head(model, tokenizer, ExplainConfig(**cfg))
+        cfg = ExplainConfig(**cfg)
+        explain_model_head(model, tokenizer, cfg.text, cfg.layer, cfg.head, cfg.query, cfg.top,
+                           cfg.digits)
     assert message in str(err.value)
 
 

@@ -271,12 +271,13 @@ def run_generate(cfg: GenerateConfig, out=None) -> list[str]:
         texts.append("".join(pieces))
 
     if cfg.inspect:
-        from tinylm.inspection import inspect_texts
+        from tinylm.inspection_output import inspect_texts
 
         logdir = Path(cfg.logdir) if cfg.logdir else default_logdir(ckpt.directory)
         # the prompt as the user wrote it (an empty prompt's <|endoftext|> is not text)
         inspect_texts(model, tokenizer, [prompt + text for text in texts], logdir,
                       prompt_chars=len(prompt), top_words=cfg.top_words,
-                      meta={"checkpoint": str(ckpt.directory), **asdict(cfg)})
+                      meta={"checkpoint": str(ckpt.directory), **asdict(cfg)},
+                      out=lambda line: print(line, flush=True))
         print(f"\nopen the attention maps with:\n  tensorboard --logdir {logdir}")
     return texts
