@@ -105,7 +105,7 @@ def steps_tables(steps: AttentionSteps, d: int, q_rows: list[str], k_cols: list[
 def query_walk(steps: AttentionSteps, i: int, v: torch.Tensor, q_label: str,
                k_labels: Sequence[str], digits: int, top: int | None = None,
                explainer_note: bool = False) -> list[str]:
-    """Query i's walk through the steps, one row per key it can see (the explainer's view).
+    """Query i's walk through the steps, one row per key it can see (as docs/attention.md reads it).
 
     With `top`, only the keys with the largest weights are listed, and the lines say so.
     """
