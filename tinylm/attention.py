@@ -1,13 +1,13 @@
 """Multi-head causal self-attention, written out step by step.
 
-The arithmetic follows the explainer tinylm grew from (docs: ../shared/docs/attention-explainer.md):
+The arithmetic, explained with a worked example in docs/attention.md:
 
     scores  = Q Kᵀ / √d                      how well each query matches each key
     scores  = masked_fill(mask, -inf)        the causal mask hides future positions
     weights = softmax(scores - row max)      each row sums to 1; the max keeps exp() finite
     output  = weights V                      each query's output is a weighted sum of values
 
-Try the explainer's worked example:
+Try that worked example (`tinylm-explain` prints every step of it):
 
     python -c "import torch, tinylm.attention as a; q = torch.tensor([[1., 0], [0, 1], [1, 1]]);
     print(a.scaled_dot_product_attention(q, q, torch.tensor([[1., 0], [0, 2], [1, 1]])))"
@@ -44,7 +44,8 @@ class AttentionSteps(NamedTuple):
     scaled: torch.Tensor  # scores / √d
     masked: torch.Tensor  # scaled with hidden positions set to -inf
     row_max: torch.Tensor  # max over each row's visible scores, (..., T_q, 1)
-    exps: torch.Tensor  # exp(masked - row_max); 0 where hidden
+    shifted: torch.Tensor  # masked - row_max: what exp() is taken of, every entry <= 0
+    exps: torch.Tensor  # exp(shifted); 0 where hidden
     exp_sum: torch.Tensor  # (..., T_q, 1)
     weights: torch.Tensor  # exps / exp_sum: the attention weights, rows sum to 1
     output: torch.Tensor  # weights · v, (..., T_q, d_v)
@@ -86,13 +87,32 @@ def attention_steps(
     # cannot overflow. A fully hidden row has max -inf; use 0 there so it gives zeros, not NaN.
     row_max = masked.amax(dim=-1, keepdim=True)
     row_max = row_max.masked_fill(torch.isinf(row_max), 0.0)
-    exps = torch.exp(masked - row_max)
+    shifted = masked - row_max
+    exps = torch.exp(shifted)
     exp_sum = exps.sum(dim=-1, keepdim=True)
     weights = exps / exp_sum.clamp_min(torch.finfo(exps.dtype).tiny)
 
     mixing = F.dropout(weights, p=dropout_p) if dropout_p > 0 else weights
     output = mixing.to(v.dtype) @ v  # (..., T_q, d_v)
-    return AttentionSteps(scores, scaled, masked, row_max, exps, exp_sum, weights, output)
+    return AttentionSteps(scores, scaled, masked, row_max, shifted, exps, exp_sum, weights, output)
+
+
+def unshifted_exps(steps: AttentionSteps) -> torch.Tensor:
+    """exp(masked) without the row max subtracted, as softmax is written on paper: exps · e^row_max.
+
+    The factor e^row_max is the same across a row, so it cancels in the division and the weights
+    do not change; exp(masked) itself overflows float32 once a score passes ~88.7.
+    """
+    return steps.exps * steps.row_max.exp()  # (..., T_q, T_k)
+
+
+def value_terms(weights: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """Each key's term of each query's output: weights[..., i, j] · v[..., j, :].
+
+    weights (..., T_q, T_k), v (..., T_k, d_v) -> (..., T_q, T_k, d_v); summed over the keys
+    (dim -2) the terms are attention_steps' output.
+    """
+    return weights.unsqueeze(-1) * v.unsqueeze(-3)
 
 
 def scaled_dot_product_attention(

@@ -33,7 +33,6 @@ from tinylm.config import (
 )
 from tinylm.device import resolve_device
 from tinylm.generate import MIN_TEMPERATURE, StreamDecoder, encode_prompt, generate
-from tinylm.inspection import inspect_texts
 from tinylm.threads import apply_threads, check_threads_setting, start_sample
 
 
@@ -98,7 +97,8 @@ def _read_prompt(cfg: GenerateConfig) -> str:
 def run_generate(cfg: GenerateConfig, out=None) -> list[str]:
     """Load the checkpoint, stream num_samples continuations to `out`, optionally inspect them.
 
-    Returns the generated texts (without the prompt). Notes go to stderr, text to `out` (stdout).
+    Returns the generated texts (without the prompt). Notes on loading and speed go to stderr; the
+    text, and with inspect=true the inspection's summary and where it went, to `out` (stdout).
     """
     cpu_sample = start_sample()
     out = out or sys.stdout
@@ -149,12 +149,16 @@ def run_generate(cfg: GenerateConfig, out=None) -> list[str]:
         texts.append("".join(pieces))
 
     if cfg.inspect:
+        # deliberately lazy: matplotlib and TensorBoard's writer cost a plain generate ~1 s
+        from tinylm.inspection_output import inspect_texts
+
         logdir = Path(cfg.logdir) if cfg.logdir else default_logdir(ckpt.directory)
         # the prompt as the user wrote it (an empty prompt's <|endoftext|> is not text)
         inspect_texts(model, tokenizer, [prompt + text for text in texts], logdir,
                       prompt_chars=len(prompt), top_words=cfg.top_words,
-                      meta={"checkpoint": str(ckpt.directory), **asdict(cfg)})
-        print(f"\nopen the attention maps with:\n  tensorboard --logdir {logdir}")
+                      meta={"checkpoint": str(ckpt.directory), **asdict(cfg)},
+                      out=lambda line: print(line, file=out, flush=True))
+        print(f"\nopen the attention maps with:\n  tensorboard --logdir {logdir}", file=out)
     return texts
 
 
