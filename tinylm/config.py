@@ -73,6 +73,7 @@ def shipped_dir(in_checkout: str, in_wheel: str) -> Path:
 
 def schemas() -> dict[str, type]:
     """ConfigStore name -> the dataclass that is the schema of that group or command config."""
+    # imported here: these modules import this one for its validators, and they bring torch
     from tinylm.bench import BenchConfig
     from tinylm.data import DataConfig
     from tinylm.explain import ExplainConfig
@@ -92,6 +93,8 @@ def schemas() -> dict[str, type]:
 @cache
 def register_schemas() -> None:
     """Store every config dataclass in Hydra's ConfigStore, where the YAML files find them."""
+    # Hydra is imported here and OmegaConf in to_dataclass, not at the top: the library modules
+    # import this one for its validators and never need either
     from hydra.core.config_store import ConfigStore
 
     store = ConfigStore.instance()

@@ -14,14 +14,13 @@ import hydra
 from omegaconf import DictConfig
 
 from tinylm.cli import check_command_line_or_exit, run_or_exit
-from tinylm.config import config_dir
+from tinylm.config import config_dir, to_dataclass
 
 
 @hydra.main(version_base="1.3", config_path=str(config_dir(register=False)), config_name="prepare")
 def _prepare(cfg: DictConfig) -> None:
-    # torch (imported by tinylm.data) waits until Hydra has parsed the command line: --help is
-    # quick
-    from tinylm.config import to_dataclass
+    # here, once Hydra has parsed the command line, so that --help does not wait for torch and
+    # tokenizers, which these bring
     from tinylm.data import DataConfig, prepare_data
     from tinylm.tokenizer import TokenizerConfig
 
