@@ -1,7 +1,8 @@
 """How a corpus divides into training and validation rows, planned before anything is written.
 
 tinylm/data.py's prepare_data plans the split here, then streams the rows twice: once to train the
-tokenizer (training rows only, `training_texts`), once to write the ids of both splits.
+tokenizer (a BPE on the first training rows, `training_texts`; a char tokenizer on every row),
+once to write the ids of both splits.
 
     plan = plan_local_split(DataConfig(), files)     # one counting pass over the local files
     for split, row in plan.rows(): ...               # ("train" | "val", text) in corpus order
