@@ -109,7 +109,7 @@ def to_dataclass(cls: type[T], node: Any, prefix: str) -> T:
     Unknown keys are refused with one line naming them and the allowed keys; the dataclass's own
     __post_init__ checks the values. Errors come out as ConfigError.
     """
-    from omegaconf import DictConfig, OmegaConf
+    from omegaconf import DictConfig, OmegaConf  # here: see register_schemas
 
     values = OmegaConf.to_container(node, resolve=True) if isinstance(node, DictConfig) else node
     values = dict(values or {})

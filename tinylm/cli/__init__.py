@@ -63,10 +63,11 @@ def check_command_line_or_exit(command: str, config_name: str,
                                build: Callable[[DictConfig], object] | None = None
                                ) -> DictConfig | None:
     """Check sys.argv's overrides for `config_name` (conf/<name>.yaml); exit with one line if
-    one is bad. Returns the composed config, or None for --help and the like (nothing to check).
+    one is bad. Returns the composed config, or None when there is nothing to check: --help and
+    the like, or a Hydra without the private parser this reads the command line with.
     """
-    run_or_exit(command, register_schemas)  # Hydra composes conf/ even for --help
     given = _overrides_to_check(sys.argv[1:])
+    run_or_exit(command, register_schemas)  # Hydra composes conf/ even for --help
     if given is None:
         return None
     overrides, chosen_config = given
