@@ -124,7 +124,7 @@ class DataConfig:
         return EOT if self.source == "hub" else ROW_JOINER[self.sample_by]
 
 
-# --------------------------------------------------------------------------------- the cache
+# ------------------------------------------------------------------------------- preparing
 
 def fingerprint(data_cfg: DataConfig, tok_cfg: TokenizerConfig, inputs: list[dict]) -> str:
     """SHA-256 of everything the prepared files depend on: input contents and all settings.
