@@ -34,8 +34,9 @@ from tinylm.bench import (
     training_step,
 )
 from tinylm.model import ModelConfig, TinyLM
+from tinylm.optim import OptimConfig
+from tinylm.runtime import resolve_precision
 from tinylm.threads import choose_threads
-from tinylm.train import OptimConfig, resolve_precision
 
 # What the other load is: a plain busy loop, and a PyTorch job with 2 intra-op threads.
 COMPETITORS = {

@@ -78,9 +78,10 @@ def schemas() -> dict[str, type]:
     from tinylm.explain import ExplainConfig
     from tinylm.generate import GenerateConfig
     from tinylm.model import ModelConfig
+    from tinylm.optim import OptimConfig
     from tinylm.probe import ProbeConfig
     from tinylm.tokenizer import TokenizerConfig
-    from tinylm.train import OptimConfig, TrainConfig
+    from tinylm.train_config import TrainConfig
 
     return {"model/schema": ModelConfig, "data/schema": DataConfig,
             "tokenizer/schema": TokenizerConfig, "optim/schema": OptimConfig,
