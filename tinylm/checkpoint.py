@@ -36,11 +36,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import safetensors.torch
 import torch
 import yaml
 from filelock import FileLock, Timeout
 from safetensors import SafetensorError, safe_open
-from safetensors.torch import load_model, save_model
 
 from tinylm.model import ModelConfig, TinyLM
 from tinylm.tokenizer import load_tokenizer
@@ -197,7 +197,8 @@ def save_checkpoint(
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
     try:
-        save_model(model, str(tmp / WEIGHTS_FILE))  # handles the tied embedding / LM head
+        # save_model (not save_file) handles the tied embedding / LM head
+        safetensors.torch.save_model(model, str(tmp / WEIGHTS_FILE))
         (tmp / MODEL_CONFIG_FILE).write_text(json.dumps(model.config.to_dict(), indent=2) + "\n")
         (tmp / RUN_CONFIG_FILE).write_text(yaml.safe_dump(run_config, sort_keys=False))
         tokenizer.save(str(tmp / TOKENIZER_FILE))
@@ -292,7 +293,7 @@ def load_checkpoint(path: str | Path, device: str | torch.device = "cpu",
     config = _read_model_config(directory / MODEL_CONFIG_FILE, weights)
     model = TinyLM(config)
     try:
-        load_model(model, str(weights), strict=True)
+        safetensors.torch.load_model(model, str(weights), strict=True)
     except (SafetensorError, RuntimeError, OSError) as err:
         raise ValueError(f"{weights} cannot be loaded into the model that "
                          f"{directory / MODEL_CONFIG_FILE} describes (truncated or mismatched?):"
