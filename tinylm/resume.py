@@ -6,10 +6,10 @@ gradient-scaler states, the step, the best validation loss, the tokens seen, and
 process (rank) its batch sampler, its RNG states and its thread count. So on CPU a run that is
 stopped and resumed continues bit for bit.
 
-    directory = checkpoint_to_resume(run_dir, train.resume)            # None: a fresh run
-    state = trainer_state(step, best_val, tokens, optimizer, scaler,
-                          gather(RankState.capture(sampler, device, threads)))  # what save writes
-    state = restore(directory, run_config, tokenizer_file, model, optimizer, scaler)
+    directory = checkpoint_to_resume(run_dir, train.resume)      # None: a fresh run
+    ranks = gather(RankState.capture(sampler, device, threads), world_size)   # every rank's part
+    state = trainer_state(step, best_val, tokens_seen, optimizer, scaler, ranks)  # to save
+    state = restore(directory, run_config, tokenizer_file, model, optimizer, scaler)  # to resume
     RankState.of(state, rank).restore(sampler, device)
 """
 
