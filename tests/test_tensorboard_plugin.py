@@ -25,6 +25,7 @@ from test_train import corpus, run_config  # noqa: F401  (corpus: the fixture ru
 from torch.utils.tensorboard import SummaryWriter
 from werkzeug.test import Client
 
+from tinylm.cli.probe import ProbeConfig, run_probe
 from tinylm.inspection import (
     AttentionCapture,
     capture_attention,
@@ -33,7 +34,6 @@ from tinylm.inspection import (
     read_pronouns,
     word_level,
 )
-from tinylm.probe import ProbeConfig, run_probe
 from tinylm.tensorboard_plugin import PLUGIN_NAME
 from tinylm.tensorboard_plugin.plugin import HOW_TO_MAKE_DATA, AttentionPlugin
 from tinylm.tensorboard_plugin.summary import attention_summary, step_tag, write_attention
