@@ -21,9 +21,10 @@ from test_train import TINY, corpus, run_config  # noqa: F401  (corpus: the shar
 import tinylm.checkpoint
 from tinylm.checkpoint import RunDirInUse, load_checkpoint, resolve_checkpoint_dir, save_checkpoint
 from tinylm.cli import run_or_exit
+from tinylm.cli.generate import GenerateConfig, run_generate
 from tinylm.cli.probe import ProbeConfig, run_probe
 from tinylm.data import check_enough_tokens
-from tinylm.generate import GenerateConfig, generate, run_generate
+from tinylm.generate import generate
 from tinylm.probe_items import ProbeFileError, load_probe_file
 from tinylm.resume import TRAINER_STATE_KEYS, load_trainer_state
 from tinylm.runtime import StoppedAgain

@@ -1,4 +1,4 @@
-"""Behaviour of tinylm.generate: sampling options, the KV cache, prompts, streaming, the CLI."""
+"""Behaviour of tinylm.generate and tinylm-generate: sampling, the KV cache, prompts, streaming."""
 
 import dataclasses
 from pathlib import Path
@@ -10,15 +10,9 @@ from helpers import run_cli, save_run
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
+from tinylm.cli.generate import GenerateConfig, run_generate
 from tinylm.config import config_dir, to_dataclass
-from tinylm.generate import (
-    GenerateConfig,
-    StreamDecoder,
-    encode_prompt,
-    generate,
-    run_generate,
-    sample_next,
-)
+from tinylm.generate import StreamDecoder, encode_prompt, generate, sample_next
 from tinylm.tokenizer import BPETokenizer
 
 CORPUS = ("Lily and Tom went to the park. She saw a big dog. It was happy. "

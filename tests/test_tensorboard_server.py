@@ -10,7 +10,7 @@ import pytest
 import torch
 from helpers import tensorboard_server
 
-from tinylm.inspection import inspect_texts
+from tinylm.inspection_output import inspect_texts
 from tinylm.model import ModelConfig, TinyLM
 from tinylm.tokenizer import CharTokenizer
 
@@ -29,7 +29,7 @@ def test_tensorboard_serves_the_attention_images_over_http(tmp_path):
     torch.manual_seed(0)
     model = TinyLM(ModelConfig(vocab_size=tokenizer.vocab_size, block_size=32, n_layer=1,
                                n_head=2, n_embd=16)).eval()
-    inspect_texts(model, tokenizer, [text], tmp_path / "logs", echo=False)
+    inspect_texts(model, tokenizer, [text], tmp_path / "logs")
 
     log = tmp_path / "tensorboard.log"
     with tensorboard_server(tmp_path / "logs", log, "--load_fast=false",

@@ -74,10 +74,10 @@ def shipped_dir(in_checkout: str, in_wheel: str) -> Path:
 def schemas() -> dict[str, type]:
     """ConfigStore name -> the dataclass that is the schema of that group or command config."""
     from tinylm.cli.bench import BenchConfig
+    from tinylm.cli.explain import ExplainConfig
+    from tinylm.cli.generate import GenerateConfig
     from tinylm.cli.probe import ProbeConfig
     from tinylm.data import DataConfig
-    from tinylm.explain import ExplainConfig
-    from tinylm.generate import GenerateConfig
     from tinylm.model import ModelConfig
     from tinylm.optim import OptimConfig
     from tinylm.tokenizer import TokenizerConfig
