@@ -5,7 +5,7 @@ import torch
 
 from tinylm.model import ModelConfig, TinyLM
 from tinylm.muon import MuonWithAdamW
-from tinylm.train import OptimConfig, configure_optimizer, lr_at
+from tinylm.optim import OptimConfig, configure_optimizer, lr_at
 
 
 def small_model(bias=True):
