@@ -6,7 +6,7 @@ import math
 
 import pytest
 import yaml
-from hydra import compose, initialize_config_dir
+from helpers import compose
 
 from tinylm.config import ConfigError, config_dir, divisible, flag, integer, number, one_of, schemas
 
@@ -49,11 +49,10 @@ def test_every_yaml_key_is_a_schema_field_and_no_default_is_written_twice(path):
 def test_every_yaml_file_starts_from_its_schema_and_composes_every_field(path):
     schema_entry = "schema" if path.parent != CONF else f"{path.stem}_schema"
     assert yaml.safe_load(path.read_text())["defaults"][0] == schema_entry
-    with initialize_config_dir(str(CONF), version_base="1.3"):
-        if path.parent == CONF:
-            cfg = compose(path.stem)
-        else:
-            cfg = compose("config", [f"{path.parent.name}={path.stem}"])[path.parent.name]
+    if path.parent == CONF:
+        cfg = compose(path.stem)
+    else:
+        cfg = compose("config", [f"{path.parent.name}={path.stem}"])[path.parent.name]
     fields = [f.name for f in dataclasses.fields(_schema_of(path))]
     assert list(cfg) == fields  # the reverse: every schema field reaches the composed config
 
