@@ -9,7 +9,6 @@ import math
 
 import pytest
 import torch
-import torch.nn.functional as F
 from helpers import run_cli, run_config
 
 import tinylm.loss
@@ -98,53 +97,33 @@ def small_chunks(monkeypatch):
     monkeypatch.setattr(tinylm.loss, "MIN_ROWS_PER_CHUNK", 1)
 
 
-def cuda_inputs(seed, n_rows=37, n_embd=16, vocab_size=50):
-    generator = torch.Generator().manual_seed(seed)  # the same numbers as on any machine
-    h = torch.randn(n_rows, n_embd, generator=generator).to(CUDA).requires_grad_()
-    weight = (torch.randn(vocab_size, n_embd, generator=generator) * 0.5).to(CUDA)
-    targets = torch.randint(0, vocab_size, (n_rows,), generator=generator).to(CUDA)
-    targets[[0, 5, 17]] = -1
-    return h, weight.requires_grad_(), targets
-
-
-def loss_and_grads(loss_fn, h, weight, targets):
-    loss = loss_fn(h, weight, targets)
+def loss_and_grads(h, weight, targets, device, autocast_dtype=None):
+    """lm_head_cross_entropy's loss, dloss/dh and dloss/dweight on `device`, under autocast to
+    `autocast_dtype` if given."""
+    h, weight = (t.detach().to(device).requires_grad_() for t in (h, weight))
+    with torch.autocast(device.type, dtype=autocast_dtype, enabled=autocast_dtype is not None):
+        loss = lm_head_cross_entropy(h, weight, targets.to(device))
     return (loss, *torch.autograd.grad(loss, (h, weight)))
 
 
-def reference(h, weight, targets):
-    return F.cross_entropy((h @ weight.t()).float(), targets, ignore_index=-1)
-
-
-def test_the_chunked_loss_on_cuda_equals_cross_entropy_in_fp32(small_chunks):
-    h, weight, targets = cuda_inputs(seed=0)
-    expected = loss_and_grads(reference, h, weight, targets)
-    ours = loss_and_grads(lm_head_cross_entropy, h, weight, targets)
+@pytest.mark.parametrize("dtype", [None, *HALF], ids=str)
+def test_the_chunked_loss_on_cuda_gives_the_cpus_fp32_loss_and_gradients(small_chunks, dtype):
+    """fp32 and fp16 autocast (whose head runs in fp32, as it must before a GradScaler multiplies
+    the gradients): the CPU's numbers; bf16 autocast: close to them."""
+    skip_without_bf16(dtype)
+    torch.manual_seed(0)
+    h, weight = torch.randn(37, 16), torch.randn(50, 16) * 0.5
+    targets = torch.randint(0, 50, (37,))
+    targets[[0, 5, 17]] = -1
+    expected = loss_and_grads(h, weight, targets, torch.device("cpu"))
+    ours = loss_and_grads(h, weight, targets, CUDA, dtype)
     assert all(t.device.type == "cuda" and t.dtype == torch.float32 for t in ours)
-    assert abs(ours[0].item() - expected[0].item()) <= 1e-5
+    # fp32 sums in another order on the GPU; bf16 rounds the matmul operands to 8 bits
+    loss_tolerance, grad_tolerance = (1e-2, 2e-2) if dtype == torch.bfloat16 else (1e-5, 1e-4)
+    assert abs(ours[0].item() - expected[0].item()) <= loss_tolerance
     for mine, theirs in zip(ours[1:], expected[1:], strict=True):
-        assert (mine - theirs).abs().max() <= 1e-5
+        assert (mine.cpu() - theirs).abs().max() <= grad_tolerance * theirs.abs().max()
     assert torch.all(ours[1][[0, 5, 17]] == 0)  # an ignored row gets no gradient
-
-
-def test_the_chunked_loss_under_cuda_autocast(small_chunks):
-    """bf16: close to the unfused loss; fp16: the head runs in fp32, as it must before a
-    GradScaler multiplies the gradients."""
-    h, weight, targets = cuda_inputs(seed=1)
-    fp32 = loss_and_grads(lm_head_cross_entropy, h, weight, targets)
-    if torch.cuda.is_bf16_supported():
-        with torch.autocast("cuda", dtype=torch.bfloat16):
-            expected = loss_and_grads(reference, h, weight, targets)
-            ours = loss_and_grads(lm_head_cross_entropy, h, weight, targets)
-        assert ours[0].dtype == torch.float32 and ours[1].dtype == h.dtype
-        assert abs(ours[0].item() - expected[0].item()) <= 1e-3
-        for mine, theirs in zip(ours[1:], expected[1:], strict=True):
-            assert (mine - theirs).abs().max() <= 2e-2 * theirs.abs().max()
-    with torch.autocast("cuda", dtype=torch.float16):
-        fp16 = loss_and_grads(lm_head_cross_entropy, h, weight, targets)
-    for a, b in zip(fp16, fp32, strict=True):
-        assert a.dtype == b.dtype == torch.float32
-        assert torch.allclose(a, b, rtol=1e-5, atol=1e-8)
 
 
 # ---- the model ----------------------------------------------------------------------------------
@@ -200,7 +179,7 @@ def test_greedy_generation_with_the_kv_cache_on_cuda_gives_the_cpus_tokens(train
 @pytest.mark.slow
 def test_tinylm_generate_on_cuda_prints_the_cpus_greedy_text_and_inspects(trained_run, tmp_path):
     run_dir, _ = trained_run
-    args = [f"checkpoint={run_dir}", "prompt=Once upon a time, Lily", "max_new_tokens=20",
+    args = [f"checkpoint={run_dir}", "prompt=Lily went to the park", "max_new_tokens=20",
             "temperature=0"]
     on_cpu = run_cli("tinylm.cli.generate", *args, "device=cpu", cwd=tmp_path)
     on_cuda = run_cli("tinylm.cli.generate", *args, "device=cuda", "inspect=true",
