@@ -1,4 +1,4 @@
-"""Behaviour of tinylm.bench: every section runs and reports sound figures, the timing takes
+"""Behaviour of tinylm-bench: every section runs and reports sound figures, the timing takes
 turns, targets are judged, conf/bench.yaml builds BenchConfig, the command line writes its JSON.
 Smoke runs with tiny sizes, not timed tests."""
 
@@ -16,7 +16,9 @@ import torch
 from helpers import compose
 from omegaconf import OmegaConf
 
-from tinylm.bench import (
+from tinylm.bench import Ratio, Row, Section, Timing
+from tinylm.bench_train import bench_train
+from tinylm.cli.bench import (
     SECTIONS,
     AttentionBenchConfig,
     BenchConfig,
@@ -24,13 +26,8 @@ from tinylm.bench import (
     GenerateBenchConfig,
     InspectBenchConfig,
     LoadBenchConfig,
-    Ratio,
-    Row,
-    Section,
-    Timing,
     TrainBenchConfig,
     bench_config,
-    bench_train,
     format_section,
     run_bench,
 )
@@ -168,6 +165,16 @@ def test_a_missed_target_is_printed_as_missed():
     assert "context only: 3.00\n" in text
     assert "500,000" in text and "2.00" in text  # tokens/s and median milliseconds
     assert section.to_dict()["ratios"][0]["met"] is False
+
+
+def test_a_section_table_aligns_names_left_figures_right_and_notes_last():
+    section = Section("demo", [Row("ours", 0.002, [0.002, 0.0015], {"tokens_per_s": 5e5}, "best"),
+                               Row("the peer", 0.01234, [0.01234], {"tokens_per_s": 81037.3})])
+    assert format_section(section).splitlines() == [
+        "== demo ==",
+        "candidate  median ms  min ms  tokens/s  note",
+        "ours            2.00    1.50   500,000  best",
+        "the peer       12.34   12.34    81,037"]
 
 
 def test_bench_yaml_builds_the_same_config_as_the_code_defaults():

@@ -26,9 +26,10 @@ from tinylm.checkpoint import (
     save_checkpoint,
 )
 from tinylm.cli import run_or_exit
+from tinylm.cli.probe import ProbeConfig, run_probe
 from tinylm.data import check_enough_tokens
 from tinylm.generate import GenerateConfig, generate, run_generate
-from tinylm.probe import ProbeConfig, ProbeFileError, load_probe_file, run_probe
+from tinylm.probe_items import ProbeFileError, load_probe_file
 from tinylm.sources import resolve_files
 from tinylm.tokenizer import CharTokenizer, load_tokenizer
 from tinylm.train import StoppedAgain, Trainer, TrainingDiverged, train

@@ -14,30 +14,31 @@ from omegaconf import OmegaConf
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from torch import nn
 
+from tinylm.cli.probe import ProbeConfig, format_report, run_probe
 from tinylm.config import project_root, to_dataclass
 from tinylm.deciding import evidence, prediction_match
 from tinylm.inspection import NAMES, find_words
 from tinylm.model import LMOutput, TinyLM
 from tinylm.probe import (
-    EncodedAgreementItem,
-    EncodedAttentionItem,
-    ProbeConfig,
-    ProbeFileError,
     ablate_heads,
     agreement_margins,
     attention_to_mentions,
     baselines,
     deciding_report,
+    head_accuracy,
+    mention_attention,
+    probe,
+    word_log_probs,
+)
+from tinylm.probe_items import (
+    EncodedAgreementItem,
+    EncodedAttentionItem,
+    ProbeFileError,
     encode_agreement_item,
     encode_attention_item,
-    head_accuracy,
     load_probe_file,
-    mention_attention,
     new_word_tokens,
     parse_item,
-    probe,
-    run_probe,
-    word_log_probs,
 )
 from tinylm.tokenizer import CharTokenizer
 
@@ -482,6 +483,21 @@ def run_dir(tmp_path_factory, tiny_model, bpe):
     run = tmp_path_factory.mktemp("run")
     # the shipped items are < 128 characters
     return save_run(run, tiny_model(bpe.vocab_size, block_size=128), bpe)
+
+
+def test_the_ablation_table_lines_up_its_columns_under_their_titles():
+    ablation = [{"layer": 1, "head": 0, "mean_margin": 1.605, "accuracy": 0.92,
+                 "delta_mean_margin": -0.377, "delta_accuracy": -0.02},
+                {"layer": 2, "head": 2, "mean_margin": 0.907, "accuracy": 0.74,
+                 "delta_mean_margin": -1.075, "delta_accuracy": -0.19}]
+    report = {"n": 0, "heads": [], "deciding": None, "ablation": ablation,
+              "agreement": {"n": 108, "accuracy": 0.94, "mean_margin": 1.982}}
+    assert format_report(report, 3, 3)[-4:] == [
+        "ablation: each head zeroed in turn, over the 108 agreement items; the 2 heads that move "
+        "the mean margin most",
+        "  layer  head   Δ mean margin   Δ accuracy   mean margin   accuracy",
+        "      2     2          -1.075        -0.19        +0.907       0.74",
+        "      1     0          -0.377        -0.02        +1.605       0.92"]
 
 
 def test_probe_yaml_and_config_dataclass_have_the_same_keys():

@@ -23,6 +23,7 @@ from tensorboard.util import tensor_util
 from torch.utils.tensorboard import SummaryWriter
 from werkzeug.test import Client
 
+from tinylm.cli.probe import ProbeConfig, run_probe
 from tinylm.inspection import (
     AttentionCapture,
     capture_attention,
@@ -31,7 +32,6 @@ from tinylm.inspection import (
     read_pronouns,
     word_level,
 )
-from tinylm.probe import ProbeConfig, run_probe
 from tinylm.tensorboard_plugin import PLUGIN_NAME
 from tinylm.tensorboard_plugin.plugin import HOW_TO_MAKE_DATA, AttentionPlugin
 from tinylm.tensorboard_plugin.summary import attention_summary, step_tag, write_attention

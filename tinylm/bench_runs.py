@@ -21,21 +21,19 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from datetime import datetime
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
-from tinylm.bench import (
-    EndToEndBenchConfig,
-    LoadBenchConfig,
-    Ratio,
-    Row,
-    Section,
-    Timing,
-    training_step,
-)
+from tinylm.bench import Ratio, Row, Section, Timing
+from tinylm.bench_train import training_step
+from tinylm.generate import generate
 from tinylm.model import ModelConfig, TinyLM
 from tinylm.threads import choose_threads
 from tinylm.train import OptimConfig, resolve_precision
+
+if TYPE_CHECKING:  # the command's configs; importing them at run time would be circular
+    from tinylm.cli.bench import EndToEndBenchConfig, LoadBenchConfig
 
 # What the other load is: a plain busy loop, and a PyTorch job with 2 intra-op threads.
 COMPETITORS = {
@@ -69,8 +67,6 @@ def bench_load(model_cfg: ModelConfig, optim: OptimConfig, cfg: LoadBenchConfig,
                timing: Timing) -> Section:
     """Default training steps and batch-1 decoding, quiet and beside each competitor, with
     threads=auto against a fixed count; tokens/s under load as a share of quiet tokens/s."""
-    from tinylm.generate import generate
-
     B, T = cfg.batch_size, model_cfg.block_size
     model = TinyLM(model_cfg)
     precision = "bf16" if resolve_precision("auto", torch.device("cpu")) == torch.bfloat16 \
@@ -157,6 +153,8 @@ def _log_time(line: str) -> float:
 
 def run_training(args: list[str], run_dir: Path, target_val: float) -> TrainRun:
     """`tinylm-train args hydra.run.dir=run_dir` as a subprocess, timed from the command."""
+    # imported here, not on top: every tinylm command imports this module while it registers
+    # BenchConfig's schema, and TensorBoard's reader would slow each one's start-up
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     start = time.time()

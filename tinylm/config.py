@@ -73,12 +73,12 @@ def shipped_dir(in_checkout: str, in_wheel: str) -> Path:
 
 def schemas() -> dict[str, type]:
     """ConfigStore name -> the dataclass that is the schema of that group or command config."""
-    from tinylm.bench import BenchConfig
+    from tinylm.cli.bench import BenchConfig
+    from tinylm.cli.probe import ProbeConfig
     from tinylm.data import DataConfig
     from tinylm.explain import ExplainConfig
     from tinylm.generate import GenerateConfig
     from tinylm.model import ModelConfig
-    from tinylm.probe import ProbeConfig
     from tinylm.tokenizer import TokenizerConfig
     from tinylm.train import OptimConfig, TrainConfig
 

@@ -79,3 +79,17 @@ def side_by_side(blocks: Sequence[list[str]], gap: int = 4) -> list[str]:
 def paragraph(text: str, indent: str = "") -> list[str]:
     """Prose wrapped to MAX_WIDTH columns."""
     return textwrap.wrap(text, MAX_WIDTH, initial_indent=indent, subsequent_indent=indent)
+
+
+def columns(header: Sequence[str], rows: Sequence[Sequence[str]], align: str,
+            gaps: int | Sequence[int] = 2, indent: str = "") -> list[str]:
+    """Cells already formatted, under their titles, each column as wide as its widest entry.
+
+    `align` has a "<" (left) or ">" (right) per column; `gaps` are the spaces before each column
+    but the first (one count for all, or one per column). Trailing spaces are cut.
+    """
+    widths = [max(len(line[i]) for line in (header, *rows)) for i in range(len(header))]
+    spaces = [0, *([gaps] * (len(header) - 1) if isinstance(gaps, int) else gaps)]
+    return [(indent + "".join(" " * gap + f"{cell:{side}{width}}" for cell, side, width, gap in
+                              zip(line, align, widths, spaces, strict=True))).rstrip()
+            for line in (header, *rows)]

@@ -1,0 +1,169 @@
+"""The train section of tinylm-bench: training steps of tinylm and of a GPT-2 of the same shape,
+in fp32 and bf16, eager and compiled, with the matmul rates that give their MFU.
+
+    tinylm-bench section=train train.batch_size=32
+
+`training_step` is also the load section's step (tinylm.bench_runs).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import replace
+from typing import TYPE_CHECKING
+
+import torch
+from torch import nn
+
+from tinylm.bench import Ratio, Row, Section, Timing, gpt2_like
+from tinylm.model import ModelConfig, TinyLM
+from tinylm.train import OptimConfig, configure_optimizer
+
+if TYPE_CHECKING:  # the command's config; importing it at run time would be circular
+    from tinylm.cli.bench import TrainBenchConfig
+
+PRECISION = {"fp32": torch.float32, "bf16": torch.bfloat16}
+
+
+def training_step(model: nn.Module, optim: OptimConfig, x: torch.Tensor, y: torch.Tensor,
+                  precision: str, compiled: bool = False) -> Callable[[], None]:
+    """One training step of `model` on (x, y) as a function: forward, loss, backward, clipping,
+    the optimizer of tinylm.train.configure_optimizer."""
+    model.train()
+    optimizer = configure_optimizer(model, optim)
+    forward = torch.compile(model) if compiled else model
+    dtype = PRECISION[precision]
+
+    def step():
+        with torch.autocast("cpu", dtype=dtype, enabled=dtype != torch.float32):
+            if isinstance(model, TinyLM):
+                loss = forward(x, y, need_logits=False).loss  # as tinylm-train runs it
+            else:  # GPT-2 shifts its labels by one itself
+                loss = forward(input_ids=x, labels=x).loss
+        loss.backward()
+        if optim.grad_clip > 0:
+            nn.utils.clip_grad_norm_(model.parameters(), optim.grad_clip)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+    if compiled:
+        step()  # compiles now, so that no timed call includes it, even with warmup=0
+    return step
+
+
+def model_matmuls(model_cfg: ModelConfig, rows: int, dtype: torch.dtype
+                  ) -> tuple[Callable[[], None], float]:
+    """The forward matmuls of one block and the LM head at `rows` tokens, (rows, C) x (C, n)
+    for n in 3C, C, 4C and V, and (rows, 4C) x (4C, C); returns (a call doing all, its FLOPs):
+    the rate this model's own shapes allow, which small matrices keep below a square's."""
+    C, V = model_cfg.n_embd, model_cfg.vocab_size
+    shapes = [(C, 3 * C), (C, C), (C, 4 * C), (4 * C, C), (C, V)]
+    operands = [(torch.randn(rows, k).to(dtype), torch.randn(k, n).to(dtype)) for k, n in shapes]
+
+    def run():
+        for a, b in operands:
+            a @ b
+
+    return run, sum(2 * rows * k * n for k, n in shapes)
+
+
+def bench_train(model_cfg: ModelConfig, optim: OptimConfig, cfg: TrainBenchConfig,
+                timing: Timing) -> Section:
+    """Training steps: tokens/s and MFU of ours and of GPT-2 (sdpa, eager), fp32 and bf16,
+    eager and (cfg.compile) compiled."""
+    B, T = cfg.batch_size, model_cfg.block_size
+    x = torch.randint(0, model_cfg.vocab_size, (B, T))
+    y = torch.randint(0, model_cfg.vocab_size, (B, T))
+
+    def step_fn(model: nn.Module, precision: str, compiled: bool) -> Callable[[], None]:
+        return training_step(model, optim, x, y, precision, compiled)
+
+    ours = TinyLM(replace(model_cfg, dropout=0.0))  # like the GPT-2 peer: no dropout
+    models = {"tinylm": ours, "GPT-2 sdpa": gpt2_like(model_cfg, "sdpa"),
+              "GPT-2 eager": gpt2_like(model_cfg, "eager")}
+    # (model, precision, compiled) per candidate; compiled only in bf16, every model's faster
+    # precision here, as each compile takes ~25 s
+    variants = {f"{name} {precision}": (name, precision, False)
+                for name in models for precision in PRECISION}
+    candidates: dict[str, Callable[[], object]] = {
+        row_name: step_fn(models[name], precision, compiled)
+        for row_name, (name, precision, compiled) in variants.items()}
+    compile_note = None
+    if cfg.compile:
+        compiled_variants = {f"{name} bf16 compiled": (name, "bf16", True) for name in models}
+        try:
+            compiled_candidates = {
+                row_name: step_fn(models[name], precision, compiled)
+                for row_name, (name, precision, compiled) in compiled_variants.items()}
+        except Exception as err:  # e.g. no C++ compiler for inductor: compare eager only
+            first_line = (str(err).strip().splitlines() or [type(err).__name__])[0]
+            compile_note = (f"torch.compile failed ({type(err).__name__}: {first_line}), so no "
+                            "model is timed compiled; train.compile=false skips the attempt")
+        else:
+            variants.update(compiled_variants)
+            candidates.update(compiled_candidates)
+    # The matmul peaks are timed in the same rounds, so they see the same load as the models:
+    # a large square (the machine's peak) and the model's own shapes (what it can reach).
+    n = cfg.peak_size
+    shapes_name = f"matmuls of the model's shapes, {B * T} rows"
+    shape_flops = 0.0
+    for precision, dtype in PRECISION.items():
+        a, b = torch.randn(n, n).to(dtype), torch.randn(n, n).to(dtype)
+        candidates[f"matmul {n}x{n} {precision}"] = lambda a=a, b=b: a @ b
+        candidates[f"{shapes_name} {precision}"], shape_flops = model_matmuls(
+            model_cfg, B * T, dtype)
+    rows = timing.run(candidates)
+
+    peaks = {p: 2 * n**3 / rows[f"matmul {n}x{n} {p}"].median_s for p in PRECISION}
+    shape_rates = {p: shape_flops / rows[f"{shapes_name} {p}"].median_s for p in PRECISION}
+    for p in PRECISION:
+        rows[f"matmul {n}x{n} {p}"].figures["gflops"] = peaks[p] / 1e9
+        rows[f"{shapes_name} {p}"].figures["gflops"] = shape_rates[p] / 1e9
+    # Both models do the same useful work per token (GPT-2's biases add < 0.1%), so MFU counts
+    # tinylm's FLOPs for both: 6 per parameter plus attention's q·kᵀ and weights·v.
+    flops_per_token = ours.flops_per_token(T)
+    for row_name, (_, precision, _) in variants.items():
+        row = rows[row_name]
+        row.figures["tokens_per_s"] = B * T / row.median_s
+        row.figures["mfu"] = flops_per_token * row.figures["tokens_per_s"] / peaks[precision]
+
+    def best(prefix: str, eager_only: bool = False) -> Row:
+        return min((rows[row_name] for row_name, (name, _, compiled) in variants.items()
+                    if name.startswith(prefix) and not (eager_only and compiled)),
+                   key=lambda r: r.median_s)
+
+    ours_best, gpt2_best = best("tinylm"), best("GPT-2")
+    ours_best.note = gpt2_best.note = "best setting"
+    gpt2_fp32 = min(rows["GPT-2 sdpa fp32"], rows["GPT-2 eager fp32"], key=lambda r: r.median_s)
+    ratios = [Ratio(f"tokens/s {ours_best.name} / {gpt2_best.name}",
+                    gpt2_best.median_s / ours_best.median_s, 1.25)]
+    if any(compiled for _, _, compiled in variants.values()):
+        ours_eager, gpt2_eager = best("tinylm", eager_only=True), best("GPT-2", eager_only=True)
+        ratios.append(Ratio(f"tokens/s {ours_eager.name} / {gpt2_eager.name} (neither compiled)",
+                            gpt2_eager.median_s / ours_eager.median_s))
+    best_precision = variants[ours_best.name][1]
+    ratios += [
+        Ratio(f"tokens/s tinylm fp32 / {gpt2_fp32.name} (both in fp32)",
+              gpt2_fp32.median_s / rows["tinylm fp32"].median_s),
+        # a 2048² square runs faster than any matmul a 128-wide model has: hold 60% to it
+        # only where the model's matrices are large enough to get near it
+        Ratio(f"MFU of {ours_best.name} (of the {best_precision} {n}x{n} matmul rate)",
+              ours_best.figures["mfu"], 0.60 if model_cfg.n_embd >= 256 else None),
+        Ratio(f"MFU of {ours_best.name} (of the {best_precision} rate of the model's own "
+              "matmul shapes)", ours_best.figures["mfu"] * peaks[best_precision]
+              / shape_rates[best_precision], 0.60)]
+    return Section(
+        "train", list(rows.values()), ratios,
+        [f"B={B} T={T} n_layer={model_cfg.n_layer} n_head={model_cfg.n_head} "
+         f"n_embd={model_cfg.n_embd} vocab={model_cfg.vocab_size}, random tokens; a step is "
+         "forward, loss, backward, clip_grad_norm_, AdamW step from tinylm.train."
+         f"configure_optimizer (optim: lr={optim.lr}, weight_decay={optim.weight_decay}, "
+         f"grad_clip={optim.grad_clip}) for every model; bf16 = torch.autocast(bf16); "
+         "compiled = torch.compile(model), default mode, compiled before any timing",
+         f"MFU = {flops_per_token / 1e6:.2f}M FLOPs per token x tokens/s / the median "
+         f"{n}x{n} matmul rate of the same precision, timed in the same rounds",
+         f"the model's shapes: (B*T={B * T}, C) x (C, n) for n in 3C, C, 4C, V, and "
+         f"(B*T, 4C) x (4C, C), forward, C={model_cfg.n_embd}",
+         "GPT-2 as transformers builds it: biases in every layer, tanh-approximated GELU, "
+         "Conv1D layers; its attention implementation is sdpa or eager as named",
+         *([compile_note] if compile_note else [])])

@@ -1,0 +1,266 @@
+"""Probe files: one JSONL format, one item per line, read and checked line by line, then
+tokenized for the scoring in tinylm.probe.
+
+Two kinds of item (a file may mix them; other fields are ignored). Character offsets point at the
+first character of a word.
+
+- attention item, two characters of different gender before the pronoun:
+  {"text", "pronoun_char", "antecedent_chars": [...], "distractor_chars": [...]}
+- agreement item, one character before the pronoun:
+  {"text", "pronoun_char", "antecedent_chars": [...], "wrong_pronoun"}
+  (A wrong_pronoun on an attention item is optional: with two characters before it, either
+  pronoun could be right. It serves the deciding position's prediction match in tinylm.probe.)
+
+A line that cannot be used raises ProbeFileError naming its file and line.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from tinylm.config import shipped_dir
+from tinylm.inspection import PRONOUNS, find_words, token_word_index, word_at
+
+SHIPPED_PROBES = ("pronouns.jsonl", "agreement.jsonl")  # in data/probes/ (a wheel: tinylm/probes/)
+WORD_CHAR = re.compile(r"\w")
+
+
+class ProbeFileError(ValueError):
+    """A probe line that cannot be used; the message starts with `<file>, line <n>:`."""
+
+
+@dataclass
+class ProbeItem:
+    """One validated probe line."""
+
+    source: str  # "<file>, line <n>", for messages
+    text: str
+    pronoun_char: int
+    antecedent_chars: list[int]
+    distractor_chars: list[int] | None  # attention items
+    wrong_pronoun: str | None  # agreement items; optional on attention items
+
+    @property
+    def kind(self) -> str:
+        """"attention" (two characters) or "agreement" (one character)."""
+        return "attention" if self.distractor_chars is not None else "agreement"
+
+    @property
+    def pronoun(self) -> str:
+        """The pronoun as written in the text."""
+        return self.text[self.pronoun_char:_word_end(self.text, self.pronoun_char)]
+
+    def error(self, message: str) -> ProbeFileError:
+        """An error about this item, naming its file and line."""
+        return ProbeFileError(f"{self.source}: {message}")
+
+
+# ----------------------------------------------------------------------------- reading probe files
+
+def _word_end(text: str, start: int) -> int:
+    return next(end for s, end in find_words(text) if s == start)
+
+
+def _offsets(obj: dict, key: str, where: str) -> list[int]:
+    value = obj.get(key)
+    if (not isinstance(value, list) or not value
+            or not all(isinstance(c, int) and not isinstance(c, bool) for c in value)):
+        raise ProbeFileError(f"{where}: {key} must be a non-empty list of character offsets, "
+                             f"got {value!r}")
+    return value
+
+
+def parse_item(obj, where: str) -> ProbeItem:
+    """Check one decoded JSONL line and turn it into a ProbeItem (ProbeFileError if unusable)."""
+    if not isinstance(obj, dict):
+        raise ProbeFileError(f"{where}: expected a JSON object, got {type(obj).__name__}")
+    text = obj.get("text")
+    if not isinstance(text, str) or not text:
+        raise ProbeFileError(f"{where}: \"text\" must be a non-empty string")
+    p = obj.get("pronoun_char")
+    if not isinstance(p, int) or isinstance(p, bool):
+        raise ProbeFileError(f"{where}: pronoun_char must be a character offset, got {p!r}")
+    spans = find_words(text)
+
+    def word_starting(key: str, char: int) -> int:
+        if not 0 <= char < len(text):
+            raise ProbeFileError(f"{where}: {key}={char} is outside the text "
+                                 f"({len(text)} characters)")
+        index = word_at(spans, char)
+        if index is None:
+            raise ProbeFileError(f"{where}: {key}={char} is not at the start of a word "
+                                 f"(the text there reads {text[max(0, char - 5):char + 10]!r})")
+        return index
+
+    pronoun_word = word_starting("pronoun_char", p)
+    pronoun = text[slice(*spans[pronoun_word])]
+    if pronoun not in PRONOUNS:
+        raise ProbeFileError(f"{where}: pronoun_char={p} points at {pronoun!r}, which is not a "
+                             f"pronoun; known: {', '.join(sorted(PRONOUNS))}")
+
+    kinds = {"antecedent": "antecedent_chars"}
+    if "distractor_chars" in obj:
+        kinds["distractor"] = "distractor_chars"
+    mentions: dict[str, list[int]] = {}
+    seen: dict[int, str] = {}
+    for role, key in kinds.items():
+        mentions[role] = _offsets(obj, key, where)
+        for i, char in enumerate(mentions[role]):
+            word_starting(f"{key}[{i}]", char)
+            if char >= p:
+                raise ProbeFileError(
+                    f"{where}: {key}[{i}]={char} is not before the pronoun at {p}: the pronoun "
+                    f"must be preceded by every mention of the {role} (attention cannot look "
+                    "ahead)")
+            if char in seen:
+                raise ProbeFileError(f"{where}: character {char} is listed twice (as {seen[char]}"
+                                     f" and as {role})")
+            seen[char] = role
+
+    wrong = obj.get("wrong_pronoun")
+    if wrong is None and "distractor" not in mentions:  # an agreement item
+        raise ProbeFileError(f"{where}: missing wrong_pronoun; an item without "
+                             "distractor_chars is an agreement item and needs the pronoun "
+                             "to compare with (e.g. \"wrong_pronoun\": \"he\")")
+    if wrong is not None:
+        if not isinstance(wrong, str) or wrong.lower() not in PRONOUNS:
+            raise ProbeFileError(f"{where}: wrong_pronoun={wrong!r} is not a known pronoun; "
+                                 f"known: {', '.join(sorted(w for w in PRONOUNS if w.islower()))}")
+        if wrong.lower() == pronoun.lower():
+            raise ProbeFileError(f"{where}: wrong_pronoun={wrong!r} is the pronoun in the text")
+    return ProbeItem(where, text, p, mentions["antecedent"], mentions.get("distractor"), wrong)
+
+
+def load_probe_file(path: str | Path) -> list[ProbeItem]:
+    """Read and check every line of a JSONL probe file; the first bad line raises ProbeFileError."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"probe file {path} does not exist")
+    items = []
+    with path.open("rb") as f:
+        for n, raw in enumerate(f, start=1):
+            where = f"{path}, line {n}"
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as err:
+                raise ProbeFileError(f"{where}: not valid UTF-8 (byte {err.start + 1} of the "
+                                     f"line: {err.reason})") from None
+            if not line.strip():
+                continue
+            try:
+                obj = json.loads(line)
+            except json.JSONDecodeError as err:
+                raise ProbeFileError(f"{where}: invalid JSON ({err.msg} at column {err.colno})"
+                                     ) from None
+            except RecursionError:  # [[[[...]]]] deeper than Python's stack
+                raise ProbeFileError(f"{where}: JSON nested too deeply to be a probe item"
+                                     ) from None
+            items.append(parse_item(obj, where))
+    if not items:
+        raise ProbeFileError(f"{path}: no probe items (the file is empty)")
+    return items
+
+
+def shipped_probe(name: str) -> Path:
+    """A shipped probe set: data/probes/<name> of the checkout; an installed wheel carries them
+    as tinylm/probes/."""
+    return shipped_dir("data/probes", "probes") / name
+
+
+# ------------------------------------------------------------------------------- items as tokens
+
+@dataclass
+class EncodedAttentionItem:
+    """An item as tokens: the text up to the pronoun's last token, and word indices (an
+    agreement item has no distractor words)."""
+
+    ids: list[int]
+    token_words: list[int]
+    n_words: int
+    pronoun_word: int
+    antecedent_words: list[int]
+    distractor_words: list[int]
+
+
+def _encode(tokenizer, item: ProbeItem, text: str) -> tuple[list[int], list[tuple[int, int]]]:
+    try:
+        ids, offsets = tokenizer.encode_with_offsets(text)
+    except ValueError as err:  # e.g. a character the char tokenizer never saw
+        raise item.error(f"cannot tokenize the text: {err}") from None
+    return list(ids), [tuple(o) for o in offsets]
+
+
+def _check_length(item: ProbeItem, n_tokens: int, block_size: int) -> None:
+    if n_tokens > block_size:
+        raise item.error(f"the text up to the pronoun is {n_tokens} tokens, longer than the "
+                         f"model's block_size={block_size}; shorten the item")
+
+
+def encode_attention_item(tokenizer, item: ProbeItem, block_size: int) -> EncodedAttentionItem:
+    """Tokenize the item's text and map tokens to words; later tokens are not needed (causal)."""
+    ids, offsets = _encode(tokenizer, item, item.text)
+    spans = find_words(item.text)
+    token_words = token_word_index(offsets, spans, len(item.text))
+    pronoun_word = word_at(spans, item.pronoun_char)
+    end = max(t for t, w in enumerate(token_words) if w == pronoun_word) + 1
+    _check_length(item, end, block_size)
+    return EncodedAttentionItem(
+        ids[:end], token_words[:end], len(spans), pronoun_word,
+        [word_at(spans, c) for c in item.antecedent_chars],
+        [word_at(spans, c) for c in item.distractor_chars or ()])
+
+
+def match_case(word: str, like: str) -> str:
+    """`word` capitalised like `like` ("he", "She" -> "He")."""
+    return word.capitalize() if like[:1].isupper() else word.lower()
+
+
+def new_word_tokens(tokenizer) -> torch.Tensor:
+    """(V,) bool: tokens whose text starts with something other than a word character, i.e. that
+    end the word before them (a space, punctuation, <|endoftext|>)."""
+    strings = tokenizer.token_strings(range(tokenizer.vocab_size))
+    return torch.tensor([not WORD_CHAR.match(s) for s in strings], dtype=torch.bool)
+
+
+@dataclass
+class EncodedAgreementItem:
+    """Context + written pronoun and context + wrong pronoun as tokens, and the context length."""
+
+    written: list[int]
+    wrong: list[int]
+    n_context: int  # tokens before the word; the last of them predicts it
+
+
+def encode_agreement_item(tokenizer, item: ProbeItem, block_size: int,
+                          wrong_pronoun: str | None = None) -> EncodedAgreementItem:
+    """Tokenize the text before the pronoun followed by each pronoun, as running text would be.
+
+    The wrong pronoun: `wrong_pronoun`, else the item's."""
+    context = item.text[:item.pronoun_char]
+    before = len(context.rstrip())  # the word is read together with the whitespace before it
+    written = item.pronoun
+    wrong = match_case(wrong_pronoun or item.wrong_pronoun, item.pronoun)
+    encoded = []
+    for word in (written, wrong):
+        ids, offsets = _encode(tokenizer, item, context + word)
+        # The word's tokens: from the first one past the context's last non-space character.
+        # Byte-level BPE may read " She" as " S" "he" but " He" as " " "H" "e"; both then
+        # continue the same context tokens, and the space is part of each word's probability.
+        n_context = next(i for i, (_, end) in enumerate(offsets) if end > before)
+        if offsets[n_context][0] < before:
+            raise item.error(f"the tokenizer joins {word!r} with the text before it, so its "
+                             "probability cannot be read on its own")
+        if n_context == 0:
+            raise item.error("no text before the pronoun")
+        _check_length(item, len(ids), block_size)
+        encoded.append((ids, n_context))
+    (ids_written, n), (ids_wrong, n_wrong) = encoded
+    if ids_written[:n] != ids_wrong[:n_wrong]:
+        raise item.error(f"the text before the pronoun tokenizes differently before {written!r} "
+                         f"and before {wrong!r}")
+    return EncodedAgreementItem(ids_written, ids_wrong, n)
