@@ -28,10 +28,12 @@ TRAINED_RUN = ["model.dropout=0.1", "train.sample_tokens=16",
                "train.probe_prompt='Lily went home. She'"]
 
 
-def compose(config_name, overrides=()):
-    """The real conf/ composed as the command line composes it: `config_name` with `overrides`."""
+def compose(config_name, overrides=(), return_hydra_config=False):
+    """The real conf/ composed as the command line composes it: `config_name` with `overrides`
+    (and Hydra's own `hydra` node too with return_hydra_config)."""
     with initialize_config_dir(config_dir=str(config_dir()), version_base="1.3"):
-        return hydra_compose(config_name, overrides=list(overrides))
+        return hydra_compose(config_name, overrides=list(overrides),
+                             return_hydra_config=return_hydra_config)
 
 
 def run_config(corpus, run_dir, *overrides) -> RunConfig:

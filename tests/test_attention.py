@@ -1,4 +1,4 @@
-"""Behaviour of tinylm.attention: the explainer's worked example, masking, stability, both paths."""
+"""Behaviour of tinylm.attention: the worked example, masking, stability, both paths."""
 
 import math
 
@@ -13,9 +13,11 @@ from tinylm.attention import (
     causal_mask,
     scaled_dot_product_attention,
     softmax_attention,
+    unshifted_exps,
+    value_terms,
 )
 
-# The worked example of ../shared/docs/attention-explainer.md
+# The worked example of docs/attention.md: 3 tokens, d = 2, K = Q
 Q = K = torch.tensor([[1.0, 0.0], [0.0, 1.0], [1.0, 1.0]])
 V = torch.tensor([[1.0, 0.0], [0.0, 2.0], [1.0, 1.0]])
 
@@ -31,12 +33,22 @@ def test_worked_example_intermediate_steps():
     steps = attention_steps(Q, K, V)
     assert steps.scores[0].tolist() == [1.0, 0.0, 1.0]
     assert torch.allclose(steps.scaled[0], torch.tensor([0.7071, 0.0, 0.7071]), atol=1e-4)
-    # the row max (0.7071) is subtracted before exp, so the exps are the explainer's divided by
-    # e^0.7071; the weights do not change
+    # the row max (0.7071) is subtracted before exp, so the exps are the textbook ones divided
+    # by e^0.7071; the weights do not change
     unshifted = steps.exps[0] * math.exp(steps.row_max[0].item())
     assert torch.allclose(unshifted, torch.tensor([2.028114981, 1.0, 2.028114981]), atol=1e-6)
     assert torch.allclose(steps.exp_sum[0] * math.exp(steps.row_max[0].item()),
                           torch.tensor([5.056229962]), atol=1e-6)
+    assert torch.equal(steps.shifted, steps.masked - steps.row_max)
+    assert torch.equal(unshifted_exps(steps)[0], unshifted)
+
+
+def test_value_terms_sum_to_the_output():
+    steps = attention_steps(Q, K, V)
+    terms = value_terms(steps.weights, V)  # (T_q, T_k, d_v)
+    assert terms.shape == (3, 3, 2)
+    assert torch.allclose(terms[0, 1], steps.weights[0, 1] * V[1])
+    torch.testing.assert_close(terms.sum(-2), steps.output)
 
 
 def test_causal_mask_is_strictly_upper_triangular():
@@ -128,19 +140,23 @@ def test_kv_cache_gives_the_same_output_as_the_full_sequence(need_weights):
     mha = _mha(seed=2)
     x = torch.randn(2, 9, 32)
     full, _ = mha(x)
-    cache = KVCache(2, 4, max_len=16, head_size=8)
+    cache = KVCache(1, 2, 4, max_len=16, head_size=8)
     # a 4-token prefill, a 3-token chunk (queries after cached keys), then one token at a time
     pieces = [x[:, :4], x[:, 4:7], x[:, 7:8], x[:, 8:9]]
-    outputs = [mha(piece, kv_cache=cache, need_weights=need_weights)[0] for piece in pieces]
+    outputs = []
+    for piece in pieces:
+        outputs.append(mha(piece, kv_cache=cache.layer(0), need_weights=need_weights)[0])
+        cache.advance(piece.size(1))
     assert cache.length == 9
     assert (torch.cat(outputs, dim=1) - full).abs().max() <= 1e-5
 
 
 def test_kv_cache_refuses_to_overflow():
-    cache = KVCache(1, 2, max_len=4, head_size=3)
-    cache.append(torch.zeros(1, 2, 4, 3), torch.zeros(1, 2, 4, 3))
+    cache = KVCache(1, 1, 2, max_len=4, head_size=3)
+    cache.layer(0).append(torch.zeros(1, 2, 4, 3), torch.zeros(1, 2, 4, 3))
+    cache.advance(4)
     with pytest.raises(ValueError, match="holds 4 positions"):
-        cache.append(torch.zeros(1, 2, 1, 3), torch.zeros(1, 2, 1, 3))
+        cache.layer(0).append(torch.zeros(1, 2, 1, 3), torch.zeros(1, 2, 1, 3))
 
 
 def test_head_mask_zero_removes_exactly_that_head():

@@ -1,9 +1,13 @@
 """Every tinylm-* command refuses a bad override in one line naming the key and what is allowed."""
 
+import sys
+
+import hydra._internal.utils
 import pytest
 from helpers import run_cli
 
-from tinylm.cli import check_command_line
+import tinylm.cli
+from tinylm.cli import check_command_line, check_command_line_or_exit
 from tinylm.config import ConfigError
 
 
@@ -86,3 +90,24 @@ def test_the_commands_check_their_command_line_before_hydra_runs(module, command
     assert result.stderr.strip().startswith(f"{command}: error: {message}")
     assert len(result.stderr.strip().splitlines()) == 1
     assert not any(tmp_path.iterdir())  # nothing written: no run directory, no .hydra/
+
+
+# What tinylm reads of Hydra beyond its public API falls back to Hydra's own behaviour when a
+# Hydra release changes it.
+def test_without_hydras_private_parser_hydra_reads_the_command_line_itself(monkeypatch, capsys):
+    from tinylm.cli import generate
+
+    monkeypatch.delattr(hydra._internal.utils, "get_args_parser")
+    monkeypatch.setattr(sys, "argv", ["tinylm-generate", "tempurature=0.5"])
+    assert check_command_line_or_exit("tinylm-generate", "generate") is None  # nothing checked
+    with pytest.raises(SystemExit) as stopped:
+        generate.main()  # Hydra's own parser, and its own words for the bad override
+    assert stopped.value.code == 1
+    assert "Could not override 'tempurature'" in capsys.readouterr().err
+
+
+def test_a_hydra_error_worded_otherwise_comes_out_as_its_first_line(monkeypatch):
+    monkeypatch.setattr(tinylm.cli, "KEY_IN_HYDRA_ERROR", ())  # the wording is not recognized
+    with pytest.raises(ConfigError) as refused:
+        check_command_line(["tempurature=0.5"], "generate")
+    assert str(refused.value) == "tempurature=0.5: Could not override 'tempurature'."

@@ -11,8 +11,10 @@ from helpers import compose
 from tinylm.config import ConfigError, config_dir, divisible, flag, integer, number, one_of, schemas
 
 CONF = config_dir()
-GROUP_FILES = sorted(p for p in CONF.glob("*/*.yaml") if p.parent.name != "experiment")
-COMMAND_FILES = sorted(p for p in CONF.glob("*.yaml") if p.stem != "config")
+GROUP_FILES = sorted(p for p in CONF.glob("*/*.yaml")
+                     if p.parent.name not in ("experiment", "hydra"))
+# config.yaml is the training run's; prepare.yaml composes it (both tested below)
+COMMAND_FILES = sorted(p for p in CONF.glob("*.yaml") if p.stem not in ("config", "prepare"))
 
 
 def _schema_of(path):
@@ -55,6 +57,26 @@ def test_every_yaml_file_starts_from_its_schema_and_composes_every_field(path):
         cfg = compose("config", [f"{path.parent.name}={path.stem}"])[path.parent.name]
     fields = [f.name for f in dataclasses.fields(_schema_of(path))]
     assert list(cfg) == fields  # the reverse: every schema field reaches the composed config
+
+
+def test_prepare_composes_the_training_runs_data_and_tokenizer_without_a_run_directory():
+    overrides = ["experiment=shakespeare_char", "tokenizer.vocab_size=80"]
+    train = compose("config", overrides, return_hydra_config=True)
+    prepare = compose("prepare", overrides, return_hydra_config=True)
+    assert prepare.data == train.data and prepare.tokenizer == train.tokenizer
+    assert (prepare.hydra.run.dir, prepare.hydra.output_subdir) == (".", None)
+    # the logging stays training's: a library's warnings still reach the terminal
+    choices = prepare.hydra.runtime.choices
+    assert (choices["hydra/job_logging"], choices["hydra/hydra_logging"]) == ("none", "default")
+
+
+@pytest.mark.parametrize("path", COMMAND_FILES, ids=lambda p: p.name)
+def test_the_print_only_commands_write_no_run_directory_and_no_log(path):
+    assert "hydra/print_only" in yaml.safe_load(path.read_text())["defaults"]
+    hydra = compose(path.stem, return_hydra_config=True).hydra
+    assert (hydra.run.dir, hydra.output_subdir) == (".", None)
+    assert (hydra.runtime.choices["hydra/job_logging"],
+            hydra.runtime.choices["hydra/hydra_logging"]) == ("disabled", "disabled")
 
 
 def test_experiment_keys_are_schema_fields():

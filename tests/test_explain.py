@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import math
 import re
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -13,15 +15,11 @@ from helpers import compose
 
 from tinylm.attention import MultiHeadAttention
 from tinylm.checkpoint import save_checkpoint
+from tinylm.cli.explain import ExplainConfig, explain
 from tinylm.config import to_dataclass
-from tinylm.explain import (
-    ExplainConfig,
-    example_attention,
-    explain,
-    explain_model_head,
-    model_head_steps,
-    multi_head_walk,
-)
+from tinylm.explain import explain_model_head
+from tinylm.inspection import example_attention, model_head_steps, multi_head_walk
+from tinylm.model import ModelConfig
 
 ROOT = Path(__file__).resolve().parents[1]
 STORY = "Lily saw a cat. She smiled at the cat. The cat ran to Lily. She laughed."
@@ -55,14 +53,14 @@ def floats(cells: list[str]) -> list[float]:
 def test_default_walkthrough_matches_the_explainers_numbers():
     text = explain(ExplainConfig())
 
-    # the explainer's first query [1, 0]: scaled scores, weights and output, to 3 decimals
+    # docs/attention.md's first query [1, 0]: scaled scores, weights and output, to 3 decimals
     assert [round(x, 3) for x in floats(table(text, "2. Scaled")[0][1:])] == [0.707, 0.0, 0.707]
     assert [round(x, 3) for x in floats(table(text, "5. Weights")[0][1:])] == [0.401, 0.198, 0.401]
     assert [round(x, 3) for x in floats(table(text, "6. Output")[0][1:])] == [0.802, 0.797]
     # its exponentials without the max subtracted, and their sum
     raw = re.search(r"exponentials are ([\d.]+), ([\d.]+), ([\d.]+),\s+sum ([\d.]+)", text)
     assert [round(float(x), 3) for x in raw.groups()] == [2.028, 1.0, 2.028, 5.056]
-    # the weighted sum spelled out as in the explainer
+    # the weighted sum spelled out as in docs/attention.md
     assert "output d0 = 0.4011·1 + 0.1978·0 + 0.4011·1 = 0.8022" in text
     assert "output d1 = 0.4011·0 + 0.1978·2 + 0.4011·1 = 0.7967" in text
     # every row's weights sum to 1
@@ -181,7 +179,9 @@ def test_bad_inputs_give_clear_errors(cfg, message):
 def test_bad_checkpoint_mode_inputs_give_clear_errors(model, bpe, cfg, message):
     cfg = {"checkpoint": "run", "text": STORY} | cfg
     with pytest.raises(ValueError) as err:
-        explain_model_head(model, bpe, ExplainConfig(**cfg))
+        cfg = ExplainConfig(**cfg)
+        explain_model_head(model, bpe, cfg.text, cfg.layer, cfg.head, cfg.query, cfg.top,
+                           cfg.digits)
     assert message in str(err.value)
 
 
@@ -218,3 +218,30 @@ def test_command_line_prints_the_walkthrough_and_writes_no_files(tmp_path):
     assert done.stderr.strip() == ("tinylm-explain: error: q is ragged: row 0 has 2 numbers but "
                                    "row 1 has 1; every row needs the same count "
                                    "(e.g. q=[[1,0],[0,1]])")
+
+
+def test_docs_attention_quotes_what_tinylm_explain_prints():
+    doc = (ROOT / "docs" / "attention.md").read_text()
+    # each console block: "$ tinylm-explain <arguments>", then lines of its output ("..." skips)
+    blocks = re.findall(r"```console\n\$ tinylm-explain([^\n]*)\n(.*?)```", doc, re.S)
+    assert len(blocks) == 5
+    printed = []
+    for args, quoted in blocks:
+        cfg = compose("explain", shlex.split(args))
+        text = explain(to_dataclass(ExplainConfig, cfg, "explain"))
+        lines = text.splitlines()
+        for line in quoted.splitlines():
+            assert line == "..." or line in lines, f"tinylm-explain{args}: {line!r}"
+        printed.append(text)
+    # every number the prose quotes to tinylm-explain's 4 decimals is one it printed
+    prose = re.sub(r"```.*?```", "", doc, flags=re.S)
+    for number in re.findall(r"(?<![\d.])\d+\.\d{4}(?![\d])", prose):
+        assert number in "\n".join(printed), number
+    # the prose's other numbers
+    assert set(re.findall(r"(?<![\d.])\d+\.\d+(?![\d])", prose)) - set(
+        re.findall(r"(?<![\d.])\d+\.\d{4}(?![\d])", prose)) == {"88.72"}
+    assert math.isfinite(torch.tensor(88.72).exp()) and torch.tensor(88.73).exp().isinf()
+    assert "about 10^60" in prose and int(138.5929 / math.log(10)) == 60
+    assert "relative step of 1/128" in prose and torch.finfo(torch.bfloat16).eps == 1 / 128
+    assert "(`block_size` 128)" in prose and "(`n_embd` 128)" in prose
+    assert (ModelConfig.block_size, ModelConfig.n_embd) == (128, 128)

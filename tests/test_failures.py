@@ -26,9 +26,10 @@ from tinylm.checkpoint import (
     save_checkpoint,
 )
 from tinylm.cli import run_or_exit
+from tinylm.cli.generate import GenerateConfig, run_generate
 from tinylm.cli.probe import ProbeConfig, run_probe
 from tinylm.data import check_enough_tokens
-from tinylm.generate import GenerateConfig, generate, run_generate
+from tinylm.generate import generate
 from tinylm.probe_items import ProbeFileError, load_probe_file
 from tinylm.sources import resolve_files
 from tinylm.tokenizer import CharTokenizer, load_tokenizer

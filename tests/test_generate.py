@@ -1,4 +1,4 @@
-"""Behaviour of tinylm.generate: sampling options, the KV cache, prompts, streaming, the CLI."""
+"""Behaviour of tinylm.generate and tinylm-generate: sampling, the KV cache, prompts, streaming."""
 
 import dataclasses
 from pathlib import Path
@@ -8,15 +8,9 @@ import torch
 from helpers import compose, run_cli
 from omegaconf import OmegaConf
 
+from tinylm.cli.generate import GenerateConfig, run_generate
 from tinylm.config import to_dataclass
-from tinylm.generate import (
-    GenerateConfig,
-    StreamDecoder,
-    encode_prompt,
-    generate,
-    run_generate,
-    sample_next,
-)
+from tinylm.generate import StreamDecoder, encode_prompt, generate, sample_next
 
 
 @pytest.fixture

@@ -1,4 +1,5 @@
-"""Behaviour of tinylm.inspection: attention capture, word-level aggregation, pronouns, outputs."""
+"""Behaviour of tinylm.inspection and tinylm.inspection_output: attention capture, word-level
+aggregation, pronouns, outputs."""
 
 import json
 
@@ -11,15 +12,14 @@ from tinylm.inspection import (
     AttentionCapture,
     capture_attention,
     find_words,
-    inspect_texts,
     is_name,
     key_words,
-    pronoun_summary,
     read_pronouns,
     token_word_index,
     word_at,
     word_level,
 )
+from tinylm.inspection_output import inspect_texts, pronoun_summary
 from tinylm.tokenizer import CharTokenizer
 
 TEXT = "Lily and Tom went to the park. She saw a big dog. It was happy."
@@ -176,7 +176,7 @@ def test_names_are_listed_or_capitalised_mid_sentence_words():
 
 def test_inspection_writes_tensorboard_images_text_png_and_npz(model, bpe, tmp_path):
     text = "Lily and Tom went to the park. She saw a big dog."
-    inspect_texts(model, bpe, [text], tmp_path, prompt_chars=34, echo=False)
+    inspect_texts(model, bpe, [text], tmp_path, prompt_chars=34)
     events = EventAccumulator(str(tmp_path), size_guidance={"images": 0, "tensors": 0})
     events.Reload()
     images = set(events.Tags()["images"])

@@ -90,6 +90,52 @@ def test_kv_cache_decoding_matches_full_forward_token_by_token(return_attention,
     assert (torch.cat(steps, dim=1) - full).abs().max() <= 1e-5
 
 
+def test_rewound_cache_decodes_like_a_fresh_prefill(tiny_model):
+    model = tiny_model(seed=5)
+    idx = torch.randint(0, 50, (2, 12))
+    other = torch.randint(0, 50, (2, 3))  # what follows the first 7 tokens instead
+    cache = model.new_kv_cache(batch_size=2)
+    model(idx, kv_cache=cache)
+    assert cache.length == 12
+    cache.rewind(7)
+    assert cache.length == 7
+    rewound = model(other, kv_cache=cache).logits
+    assert cache.length == 10
+    fresh = model(torch.cat([idx[:, :7], other], dim=1)).logits[:, 7:]
+    assert (rewound - fresh).abs().max() <= 1e-5
+
+
+def test_reset_cache_starts_a_new_sequence_at_position_0(tiny_model):
+    model = tiny_model(seed=6)
+    idx = torch.randint(0, 50, (1, 6))
+    cache = model.new_kv_cache(1)
+    model(torch.randint(0, 50, (1, 9)), kv_cache=cache)
+    cache.reset()
+    assert cache.length == 0
+    assert (model(idx, kv_cache=cache).logits - model(idx).logits).abs().max() <= 1e-5
+    cache.rewind(0)  # rewinding to the start is a reset
+    assert cache.length == 0
+
+
+@pytest.mark.parametrize("position", [-1, 6, 2.0, True, None])
+def test_rewind_refuses_positions_outside_the_cache(position, tiny_model):
+    model = tiny_model()
+    cache = model.new_kv_cache(1)
+    model(torch.zeros(1, 5, dtype=torch.long), kv_cache=cache)
+    with pytest.raises(ValueError, match=f"cannot rewind the KV cache to position {position!r}: "
+                                         "it must be an integer from 0 to the 5 positions cached"):
+        cache.rewind(position)
+    assert cache.length == 5
+
+
+def test_only_the_cache_moves_its_length(tiny_model):
+    cache = tiny_model().new_kv_cache(1)
+    with pytest.raises(AttributeError):
+        cache.length = 3
+    with pytest.raises(ValueError, match="cannot advance 0 by -1"):
+        cache.advance(-1)
+
+
 def test_sequence_longer_than_block_size_is_rejected(tiny_model):
     model = tiny_model()
     with pytest.raises(ValueError, match="longer than block_size=16"):

@@ -28,10 +28,10 @@ from tinylm.inspection import (
     AttentionCapture,
     capture_attention,
     find_words,
-    inspect_texts,
     read_pronouns,
     word_level,
 )
+from tinylm.inspection_output import inspect_texts
 from tinylm.tensorboard_plugin import PLUGIN_NAME
 from tinylm.tensorboard_plugin.plugin import HOW_TO_MAKE_DATA, AttentionPlugin
 from tinylm.tensorboard_plugin.summary import attention_summary, step_tag, write_attention
@@ -117,7 +117,7 @@ def test_a_text_longer_than_the_context_keeps_the_inspected_window_and_says_so(
 def test_inspect_true_writes_the_plugin_data_beside_the_images(tmp_path, tiny_model):
     tokenizer = CharTokenizer.train([STORY])
     model = tiny_model(tokenizer.vocab_size, n_layer=1, n_head=2)
-    inspect_texts(model, tokenizer, ["Lily saw Tom. She ran."], tmp_path, echo=False)
+    inspect_texts(model, tokenizer, ["Lily saw Tom. She ran."], tmp_path)
     ((tag, (content, weights)),) = stored_texts(tmp_path).items()
     assert tag == "inspect/step_00000000" and content["text"] == "Lily saw Tom. She ran."
     assert weights.shape == (1, 2, 22, 22)

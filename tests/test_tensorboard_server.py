@@ -9,7 +9,7 @@ import urllib.request
 import pytest
 from helpers import STARTUP_TIMEOUT_S, tensorboard_server
 
-from tinylm.inspection import inspect_texts
+from tinylm.inspection_output import inspect_texts
 from tinylm.tokenizer import CharTokenizer
 
 
@@ -23,7 +23,7 @@ def test_tensorboard_serves_the_attention_images_over_http(tmp_path, tiny_model)
     text = "Lily saw Tom. She ran."
     tokenizer = CharTokenizer.train([text])
     model = tiny_model(tokenizer.vocab_size, block_size=32, n_layer=1)
-    inspect_texts(model, tokenizer, [text], tmp_path / "logs", echo=False)
+    inspect_texts(model, tokenizer, [text], tmp_path / "logs")
 
     log = tmp_path / "tensorboard.log"
     with tensorboard_server(tmp_path / "logs", log, "--load_fast=false",

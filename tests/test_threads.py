@@ -8,8 +8,8 @@ import pytest
 import torch
 
 import tinylm.threads
+from tinylm.cli.generate import GenerateConfig
 from tinylm.config import ConfigError
-from tinylm.generate import GenerateConfig
 from tinylm.threads import apply_threads, busy_cpus, choose_threads, usable_cpus
 from tinylm.train import TrainConfig
 

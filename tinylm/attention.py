@@ -1,13 +1,13 @@
 """Multi-head causal self-attention, written out step by step.
 
-The arithmetic follows the explainer tinylm grew from (docs: ../shared/docs/attention-explainer.md):
+The arithmetic, explained with a worked example in docs/attention.md:
 
     scores  = Q Kᵀ / √d                      how well each query matches each key
     scores  = masked_fill(mask, -inf)        the causal mask hides future positions
     weights = softmax(scores - row max)      each row sums to 1; the max keeps exp() finite
     output  = weights V                      each query's output is a weighted sum of values
 
-Try the explainer's worked example:
+Try that worked example (`tinylm-explain` prints every step of it):
 
     python -c "import torch, tinylm.attention as a; q = torch.tensor([[1., 0], [0, 1], [1, 1]]);
     print(a.scaled_dot_product_attention(q, q, torch.tensor([[1., 0], [0, 2], [1, 1]])))"
@@ -44,7 +44,8 @@ class AttentionSteps(NamedTuple):
     scaled: torch.Tensor  # scores / √d
     masked: torch.Tensor  # scaled with hidden positions set to -inf
     row_max: torch.Tensor  # max over each row's visible scores, (..., T_q, 1)
-    exps: torch.Tensor  # exp(masked - row_max); 0 where hidden
+    shifted: torch.Tensor  # masked - row_max: what exp() is taken of, every entry <= 0
+    exps: torch.Tensor  # exp(shifted); 0 where hidden
     exp_sum: torch.Tensor  # (..., T_q, 1)
     weights: torch.Tensor  # exps / exp_sum: the attention weights, rows sum to 1
     output: torch.Tensor  # weights · v, (..., T_q, d_v)
@@ -86,13 +87,32 @@ def attention_steps(
     # cannot overflow. A fully hidden row has max -inf; use 0 there so it gives zeros, not NaN.
     row_max = masked.amax(dim=-1, keepdim=True)
     row_max = row_max.masked_fill(torch.isinf(row_max), 0.0)
-    exps = torch.exp(masked - row_max)
+    shifted = masked - row_max
+    exps = torch.exp(shifted)
     exp_sum = exps.sum(dim=-1, keepdim=True)
     weights = exps / exp_sum.clamp_min(torch.finfo(exps.dtype).tiny)
 
     mixing = F.dropout(weights, p=dropout_p) if dropout_p > 0 else weights
     output = mixing.to(v.dtype) @ v  # (..., T_q, d_v)
-    return AttentionSteps(scores, scaled, masked, row_max, exps, exp_sum, weights, output)
+    return AttentionSteps(scores, scaled, masked, row_max, shifted, exps, exp_sum, weights, output)
+
+
+def unshifted_exps(steps: AttentionSteps) -> torch.Tensor:
+    """exp(masked) without the row max subtracted, as softmax is written on paper: exps · e^row_max.
+
+    The factor e^row_max is the same across a row, so it cancels in the division and the weights
+    do not change; exp(masked) itself overflows float32 once a score passes ~88.7.
+    """
+    return steps.exps * steps.row_max.exp()  # (..., T_q, T_k)
+
+
+def value_terms(weights: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """Each key's term of each query's output: weights[..., i, j] · v[..., j, :].
+
+    weights (..., T_q, T_k), v (..., T_k, d_v) -> (..., T_q, T_k, d_v); summed over the keys
+    (dim -2) the terms are attention_steps' output.
+    """
+    return weights.unsqueeze(-1) * v.unsqueeze(-3)
 
 
 def scaled_dot_product_attention(
@@ -135,32 +155,76 @@ def softmax_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
 
 
 class KVCache:
-    """Keys and values of one attention layer, kept across decoding steps.
+    """Keys and values of every attention layer, kept across decoding steps.
 
     Preallocated to `max_len` positions so that each step writes in place instead of
-    concatenating (which would copy the whole cache at every token).
+    concatenating (which would copy the whole cache at every token). Each layer writes its new
+    keys/values through its `layer(i)` slot; the model then calls `advance(T)` once, after the
+    last layer, so all layers always hold the same `length` positions.
     """
 
-    def __init__(self, batch_size: int, n_head: int, max_len: int, head_size: int,
+    def __init__(self, n_layer: int, batch_size: int, n_head: int, max_len: int, head_size: int,
                  dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu"):
-        shape = (batch_size, n_head, max_len, head_size)
-        self.k = torch.zeros(shape, dtype=dtype, device=device)
-        self.v = torch.zeros(shape, dtype=dtype, device=device)
-        self.length = 0
+        shape = (n_layer, batch_size, n_head, max_len, head_size)
+        self._k = torch.zeros(shape, dtype=dtype, device=device)
+        self._v = torch.zeros(shape, dtype=dtype, device=device)
+        self._length = 0
+
+    @property
+    def length(self) -> int:
+        """Positions cached so far; the next token's position."""
+        return self._length
 
     @property
     def max_len(self) -> int:
-        return self.k.size(2)
+        return self._k.size(3)
 
-    def append(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Store new keys/values (B, nh, T_new, hs); return all cached so far (B, nh, T, hs)."""
-        start, end = self.length, self.length + k.size(2)
+    def layer(self, i: int) -> LayerCache:
+        """Layer i's slot, which MultiHeadAttention writes to."""
+        return LayerCache(self, i)
+
+    def write(self, layer: int, k: torch.Tensor, v: torch.Tensor
+              ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Store a layer's new keys/values (B, nh, T_new, hs) after the cached positions;
+        return that layer's keys/values up to them (B, nh, length + T_new, hs)."""
+        start, end = self._length, self._length + k.size(2)
         if end > self.max_len:
             raise ValueError(f"KV cache holds {self.max_len} positions; {end} were asked for")
-        self.k[:, :, start:end] = k
-        self.v[:, :, start:end] = v
-        self.length = end
-        return self.k[:, :, :end], self.v[:, :, :end]
+        self._k[layer, :, :, start:end] = k
+        self._v[layer, :, :, start:end] = v
+        return self._k[layer, :, :, :end], self._v[layer, :, :, :end]
+
+    def advance(self, n: int) -> None:
+        """Count n new positions as cached, once every layer has written them."""
+        if n < 0 or self._length + n > self.max_len:
+            raise ValueError(f"KV cache holds {self.max_len} positions; cannot advance "
+                             f"{self._length} by {n}")
+        self._length += n
+
+    def reset(self) -> None:
+        """Forget every position; the buffers are kept and overwritten by the next writes."""
+        self._length = 0
+
+    def rewind(self, pos: int) -> None:
+        """Keep only the first `pos` positions (0 <= pos <= length); the next token goes at pos."""
+        if isinstance(pos, bool) or not isinstance(pos, int) or not 0 <= pos <= self._length:
+            raise ValueError(f"cannot rewind the KV cache to position {pos!r}: it must be an "
+                             f"integer from 0 to the {self._length} positions cached")
+        self._length = pos
+
+
+class LayerCache(NamedTuple):
+    """One layer's slot in a KVCache (KVCache.layer(i))."""
+
+    cache: KVCache
+    index: int
+
+    def append(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Store new keys/values (B, nh, T_new, hs); return all cached so far (B, nh, T, hs).
+
+        The cache's length moves on only at KVCache.advance, after the last layer.
+        """
+        return self.cache.write(self.index, k, v)
 
 
 class MultiHeadAttention(nn.Module):
@@ -191,13 +255,14 @@ class MultiHeadAttention(nn.Module):
     def forward(
         self,
         x: torch.Tensor,
-        kv_cache: KVCache | None = None,
+        kv_cache: LayerCache | None = None,
         need_weights: bool = False,
         head_mask: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """x (B, T, C) -> (y (B, T, C), weights (B, n_head, T_q, T_k) or None).
 
-        `kv_cache` appends this step's keys/values and attends over all cached positions.
+        `kv_cache` (this layer's slot of a KVCache) stores this step's keys/values after the
+        cached ones, and the queries attend over all of them.
         `head_mask` (n_head,) scales each head's output before the heads are concatenated;
         a 0 removes that head (ablation).
         """

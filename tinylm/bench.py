@@ -204,19 +204,19 @@ def bench_generate(model_cfg: ModelConfig, cfg: GenerateBenchConfig, timing: Tim
     for row in rows.values():
         row.figures["tokens_per_s"] = n / row.median_s
 
-    # One cached decoding step (forward of one token + argmax) at two positions: the cache is
-    # filled once up to the later one, then rewound to the position before every step.
-    cache = ours.new_kv_cache(1)
-    with torch.inference_mode():
-        ours(torch.randint(0, shape.vocab_size, (1, cfg.late_position)), kv_cache=cache)
+    # One cached decoding step (forward of one token + argmax) at two positions: each position's
+    # cache is filled once up to it, then rewound to it before every step.
     token = torch.zeros(1, 1, dtype=torch.long)
 
     def decode_at(position: int) -> Callable[[], None]:
+        cache = ours.new_kv_cache(1)
+        with torch.inference_mode():
+            ours(torch.randint(0, shape.vocab_size, (1, position)), kv_cache=cache)
+
         @torch.inference_mode()
         def steps():
             for _ in range(cfg.latency_steps):
-                for layer_cache in cache:
-                    layer_cache.length = position
+                cache.rewind(position)
                 ours(token, kv_cache=cache).logits[:, -1].argmax(-1)
         return steps
 

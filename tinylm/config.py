@@ -73,11 +73,12 @@ def shipped_dir(in_checkout: str, in_wheel: str) -> Path:
 
 def schemas() -> dict[str, type]:
     """ConfigStore name -> the dataclass that is the schema of that group or command config."""
+    # imported here: these modules import this one for its validators, and they bring torch
     from tinylm.cli.bench import BenchConfig
+    from tinylm.cli.explain import ExplainConfig
+    from tinylm.cli.generate import GenerateConfig
     from tinylm.cli.probe import ProbeConfig
     from tinylm.data import DataConfig
-    from tinylm.explain import ExplainConfig
-    from tinylm.generate import GenerateConfig
     from tinylm.model import ModelConfig
     from tinylm.tokenizer import TokenizerConfig
     from tinylm.train import OptimConfig, TrainConfig
@@ -92,6 +93,8 @@ def schemas() -> dict[str, type]:
 @cache
 def register_schemas() -> None:
     """Store every config dataclass in Hydra's ConfigStore, where the YAML files find them."""
+    # Hydra is imported here and OmegaConf in to_dataclass, not at the top: the library modules
+    # import this one for its validators and never need either
     from hydra.core.config_store import ConfigStore
 
     store = ConfigStore.instance()
@@ -106,7 +109,7 @@ def to_dataclass(cls: type[T], node: Any, prefix: str) -> T:
     Unknown keys are refused with one line naming them and the allowed keys; the dataclass's own
     __post_init__ checks the values. Errors come out as ConfigError.
     """
-    from omegaconf import DictConfig, OmegaConf
+    from omegaconf import DictConfig, OmegaConf  # here: see register_schemas
 
     values = OmegaConf.to_container(node, resolve=True) if isinstance(node, DictConfig) else node
     values = dict(values or {})

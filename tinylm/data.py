@@ -9,18 +9,18 @@ From the command line (Hydra, same conf/ tree as training):
 
 In code (training calls the same function, which returns at once when the cache is current):
 
-    prepared = prepare_data(DataConfig(), TokenizerConfig())
+    prepared = prepare_data(DataConfig(), TokenizerConfig(), log=print)   # log: progress lines
     sampler = BatchSampler(prepared.train_path, block_size=128, batch_size=16, seed=1337)
     x, y = sampler.next_batch("cpu")                    # (B, T) int64; y is x shifted by one
 
 Preparing streams the corpus (tinylm/sources.py: local files or the hub) as rows, routes each row
-to the training or validation split, trains the tokenizer on at most tokenizer.train_bytes of the
-training rows and appends the ids a chunk of rows at a time to
-<cache_dir>/<corpus>-<tokenizer>/{train.bin, val.bin}, beside tokenizer.json and meta.json. So
-memory stays flat whatever the corpus size. meta.json keeps a fingerprint of the input files'
-contents and of every setting, so a second run with the same inputs reuses the directory and
-anything changed rebuilds it. A build happens in a temporary directory that is renamed into place
-when complete: no half-written cache is ever visible.
+to the training or validation split (tinylm/splits.py), trains the tokenizer on at most
+tokenizer.train_bytes of the training rows and appends the ids a chunk of rows at a time to
+<cache_dir>/<corpus>-<tokenizer>/{train.bin, val.bin}, beside tokenizer.json and meta.json
+(tinylm/corpus_cache.py). So memory stays flat whatever the corpus size. meta.json keeps a
+fingerprint of the input files' contents and of every setting, so a second run with the same
+inputs reuses the directory and anything changed rebuilds it. A build happens in a temporary
+directory that is renamed into place when complete: no half-written cache is ever visible.
 """
 
 from __future__ import annotations
@@ -29,28 +29,28 @@ import dataclasses
 import hashlib
 import itertools
 import json
-import os
-import secrets
 import shutil
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
+import tokenizers
 import torch
 
 from tinylm.config import integer, number, one_of
-from tinylm.sources import (
-    check_embedded,
-    check_hub_reachable,
-    data_root,
-    hub_rows,
-    read_rows,
-    resolve_files,
-    scan_file,
+from tinylm.corpus_cache import (
+    PreparedData,
+    bin_dtype,
+    hidden_sibling,
+    open_cache,
+    publish,
+    write_ids,
 )
-from tinylm.tokenizer import EOT, Tokenizer, TokenizerConfig, load_tokenizer, train_tokenizer
+from tinylm.sources import check_embedded, data_root, resolve_files, scan_file
+from tinylm.splits import plan_hub_split, plan_local_split, plural, training_texts
+from tinylm.tokenizer import EOT, TokenizerConfig, train_tokenizer
 
 FORMAT_VERSION = 1  # bump when what prepare_data writes changes: old caches then rebuild
 SOURCES = ("local", "hub")
@@ -60,7 +60,6 @@ ON_DECODE_ERROR = ("strict", "replace")
 # What joins two rows of a local file back into the text they were cut from; whole documents
 # are joined by <|endoftext|> instead, so the model sees where one ends.
 ROW_JOINER = {"line": "\n", "paragraph": "\n\n", "document": EOT}
-ENCODE_CHUNK = 1 << 20  # characters of rows encoded together (tokenizers spreads them on cores)
 
 
 @dataclass
@@ -125,192 +124,7 @@ class DataConfig:
         return EOT if self.source == "hub" else ROW_JOINER[self.sample_by]
 
 
-@dataclass
-class PreparedData:
-    """A prepared corpus: where its ids are, what meta.json says, and its tokenizer."""
-
-    directory: Path
-    train_path: Path
-    val_path: Path
-    meta: dict
-    tokenizer: Tokenizer
-    from_cache: bool = False  # True when an earlier run's files were reused
-
-
-# ------------------------------------------------------------------------ rows and their split
-
-@dataclass
-class SplitPlan:
-    """How a corpus divides into training and validation rows, decided before any is written.
-
-    `rows()` streams the corpus afresh on every call as ("train" | "val", text) pairs in corpus
-    order; preparing reads it twice (tokenizer training stops early), so nothing is held whole.
-    """
-
-    rows: Callable[[], Iterator[tuple[str, str]]]
-    describe: Callable[[dict[str, int]], str]  # rows per split -> e.g. "last 511 of ... held out"
-
-
-def _count(n: int, unit: str) -> str:
-    return f"{n:,} {unit}{'' if n == 1 else 's'}"
-
-
-def plan_local_split(cfg: DataConfig, files: list[Path]) -> SplitPlan:
-    """A deterministic hold-out of cfg.val_fraction of local files (one counting pass first).
-
-    tail: the last val_fraction of the characters, cut at a row boundary; a single row (one
-    document, e.g. Tiny Shakespeare) is cut inside at int(n * (1 - val_fraction)) characters,
-    exactly as nanoGPT does. documents: a seeded random val_fraction of the documents.
-    """
-    errors = "replace" if cfg.on_decode_error == "replace" else "strict"
-
-    def corpus_rows() -> Iterator[str]:
-        for path in files:
-            yield from read_rows(path, cfg.sample_by, errors)
-
-    n = chars = 0
-    for row in corpus_rows():
-        n, chars = n + 1, chars + len(row)
-    if n == 0:
-        raise ValueError(f"corpus {cfg.name!r} has no text")
-    if cfg.split_kind == "documents":
-        if n < 2:
-            raise ValueError(f"data.split=documents needs at least 2 documents, the corpus has {n};"
-                             " use data.split=tail")
-        n_val = min(max(1, round(n * cfg.val_fraction)), n - 1)
-        held_out = np.zeros(n, dtype=bool)
-        held_out[np.random.default_rng(cfg.split_seed).permutation(n)[:n_val]] = True
-        return SplitPlan(
-            lambda: (("val" if out else "train", row)
-                     for out, row in zip(held_out, corpus_rows(), strict=True)),
-            lambda _: f"{n_val:,} of {n:,} documents held out at random "
-                      f"(data.split_seed={cfg.split_seed})")
-    if n == 1:
-        cut = int(chars * (1 - cfg.val_fraction))
-        if not 0 < cut < chars:
-            raise ValueError(f"the corpus is too short to hold out a validation part: "
-                             f"{chars} characters")
-
-        def cut_document() -> Iterator[tuple[str, str]]:
-            (text,) = corpus_rows()
-            yield from (("train", text[:cut]), ("val", text[cut:]))
-
-        return SplitPlan(cut_document, lambda _: f"last {chars - cut:,} of {chars:,} characters "
-                                                 "held out")
-    cut = chars * (1 - cfg.val_fraction)
-
-    def tail() -> Iterator[tuple[str, str]]:
-        # validation starts with the first row that begins past the cut; the first row always
-        # trains and the last always validates
-        start, held_out = 0, False
-        for i, row in enumerate(corpus_rows()):
-            held_out = held_out or (i > 0 and (start >= cut or i == n - 1))
-            yield ("val" if held_out else "train"), row
-            start += len(row)
-
-    return SplitPlan(tail, lambda counts: f"last {counts['val']:,} of "
-                                          f"{_count(n, cfg.row_unit)} held out")
-
-
-def plan_hub_split(cfg: DataConfig) -> SplitPlan:
-    """Hub documents: hub_split trains and hub_val_split validates; without a validation split,
-    each document of hub_split is held out with probability val_fraction (seeded, streamed)."""
-    check_hub_reachable()
-    if cfg.hub_val_split:
-        val_limit = max(1, round(cfg.max_documents * cfg.val_fraction)) \
-            if cfg.max_documents else None
-
-        def official() -> Iterator[tuple[str, str]]:
-            yield from (("train", row) for row in hub_rows(cfg.hub_id, cfg.hub_split,
-                                                            cfg.max_documents))
-            yield from (("val", row) for row in hub_rows(cfg.hub_id, cfg.hub_val_split,
-                                                          val_limit))
-
-        return SplitPlan(official, lambda counts: f"the hub's {cfg.hub_split!r} split trains "
-                                                  f"({counts['train']:,} documents), its "
-                                                  f"{cfg.hub_val_split!r} split validates "
-                                                  f"({counts['val']:,})")
-
-    def seeded() -> Iterator[tuple[str, str]]:
-        draws = np.random.default_rng(cfg.split_seed)
-        for row in hub_rows(cfg.hub_id, cfg.hub_split, cfg.max_documents):
-            yield ("val" if draws.random() < cfg.val_fraction else "train"), row
-
-    return SplitPlan(seeded, lambda counts: f"{counts['val']:,} of "
-                                            f"{counts['train'] + counts['val']:,} documents held "
-                                            f"out at random (data.split_seed={cfg.split_seed})")
-
-
-def training_texts(plan: SplitPlan, max_bytes: int) -> Iterator[str]:
-    """The training rows from the start of the corpus, at most `max_bytes` of UTF-8 in all
-    (the row that crosses the limit is cut there)."""
-    left = max_bytes
-    for split, row in plan.rows():
-        if split != "train":
-            continue
-        size = len(row.encode())
-        if size >= left:
-            yield row.encode()[:left].decode("utf-8", errors="ignore")
-            return
-        left -= size
-        yield row
-
-
-# ----------------------------------------------------------------------------- writing the ids
-
-def bin_dtype(vocab_size: int) -> np.dtype:
-    """uint16 when every id fits in 16 bits (half the disk and page cache), else uint32."""
-    return np.dtype(np.uint16 if vocab_size <= 2**16 else np.uint32)
-
-
-class IdWriter:
-    """Appends one split's ids to its .bin file a chunk of rows at a time, the joiner's ids
-    between consecutive rows; counts rows and tokens."""
-
-    def __init__(self, path: Path, tokenizer: Tokenizer, joiner: str):
-        self.file = open(path, "wb")
-        self.tokenizer, self.dtype = tokenizer, bin_dtype(tokenizer.vocab_size)
-        self.joiner_ids = np.array(tokenizer.encode(joiner), dtype=self.dtype)
-        self.pending: list[str] = []
-        self.pending_chars = self.rows = self.tokens = 0
-
-    def add(self, row: str) -> None:
-        self.pending.append(row)
-        self.pending_chars += len(row)
-        if self.pending_chars >= ENCODE_CHUNK:
-            self.flush()
-
-    def flush(self) -> None:
-        pieces = []
-        for ids in self.tokenizer.encode_batch(self.pending):
-            if self.rows > 0:
-                pieces.append(self.joiner_ids)
-            pieces.append(np.array(ids, dtype=self.dtype))
-            self.rows += 1
-        if pieces:
-            chunk = np.concatenate(pieces)
-            chunk.tofile(self.file)
-            self.tokens += len(chunk)
-        self.pending, self.pending_chars = [], 0
-
-
-def write_ids(plan: SplitPlan, tokenizer: Tokenizer, joiner: str, directory: Path
-              ) -> dict[str, IdWriter]:
-    """Tokenize the corpus once into directory/{train,val}.bin; -> the writer of each split."""
-    writers = {split: IdWriter(directory / f"{split}.bin", tokenizer, joiner)
-               for split in ("train", "val")}
-    try:
-        for split, row in plan.rows():
-            writers[split].add(row)
-        for writer in writers.values():
-            writer.flush()
-    finally:
-        for writer in writers.values():
-            writer.file.close()
-    return writers
-
-
-# --------------------------------------------------------------------------------- the cache
+# ------------------------------------------------------------------------------- preparing
 
 def fingerprint(data_cfg: DataConfig, tok_cfg: TokenizerConfig, inputs: list[dict]) -> str:
     """SHA-256 of everything the prepared files depend on: input contents and all settings.
@@ -318,8 +132,6 @@ def fingerprint(data_cfg: DataConfig, tok_cfg: TokenizerConfig, inputs: list[dic
     Where files live (data_root, cache_dir, absolute paths) is left out: moving the corpus does
     not change the tokens.
     """
-    import tokenizers
-
     settings = dataclasses.asdict(data_cfg)
     for where in ("data_root", "cache_dir"):
         settings.pop(where)
@@ -329,62 +141,8 @@ def fingerprint(data_cfg: DataConfig, tok_cfg: TokenizerConfig, inputs: list[dic
     return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()
 
 
-def _open_cache(directory: Path, expected: str | None) -> tuple[PreparedData | None, str | None]:
-    """(the prepared data in `directory`, None) if it is complete and current, else (None, why).
-
-    `expected` None accepts any fingerprint. The .bin sizes must agree with meta.json's counts.
-    """
-    meta_path = directory / "meta.json"
-    if not directory.is_dir():
-        return None, None
-    try:
-        meta = json.loads(meta_path.read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError) as err:
-        return None, f"{meta_path} is missing or unreadable ({err.__class__.__name__})"
-    if expected is not None and meta.get("fingerprint") != expected:
-        return None, "inputs or settings changed since it was written"
-    itemsize = np.dtype(meta.get("dtype", "uint16")).itemsize
-    for split in ("train", "val"):
-        path = directory / f"{split}.bin"
-        size = path.stat().st_size if path.is_file() else None
-        if size is None or size != meta.get(f"{split}_tokens", -1) * itemsize:
-            held = "is missing" if size is None else f"holds {size // itemsize:,} tokens"
-            return None, (f"{path.name} {held} but meta.json says "
-                          f"{meta.get(f'{split}_tokens')} tokens")
-    try:
-        tokenizer = load_tokenizer(directory / "tokenizer.json")
-    except (OSError, ValueError) as err:
-        return None, str(err)
-    if tokenizer.vocab_size != meta.get("vocab_size"):
-        return None, (f"tokenizer.json has {tokenizer.vocab_size} tokens but meta.json says "
-                      f"{meta.get('vocab_size')}")
-    return PreparedData(directory, directory / "train.bin", directory / "val.bin", meta,
-                        tokenizer, from_cache=True), None
-
-
-def _sibling(directory: Path, label: str) -> Path:
-    """A fresh hidden name beside `directory`, unique to this process (for builds and trash)."""
-    return directory.with_name(f".{directory.name}.{label}-{os.getpid()}-{secrets.token_hex(4)}")
-
-
-def _publish(build: Path, directory: Path) -> None:
-    """Move a finished build to `directory`, replacing an outdated one; never half-visible."""
-    trash = None
-    if directory.exists():
-        trash = _sibling(directory, "old")
-        os.rename(directory, trash)
-    try:
-        os.rename(build, directory)
-    except OSError:
-        if not directory.is_dir():  # not "another process published the same build first"
-            raise
-    finally:
-        if trash is not None:
-            shutil.rmtree(trash, ignore_errors=True)
-
-
 def prepare_data(data_cfg: DataConfig, tok_cfg: TokenizerConfig, *, force: bool = False,
-                 log: Callable[[str], None] = print) -> PreparedData:
+                 log: Callable[[str], None]) -> PreparedData:
     """Tokenize the corpus into <cache_dir>/<name>-<tokenizer>/, or reuse it if it is current."""
     start = time.perf_counter()
     cache_root = Path(data_cfg.cache_dir).expanduser()
@@ -406,7 +164,7 @@ def prepare_data(data_cfg: DataConfig, tok_cfg: TokenizerConfig, *, force: bool 
     key = fingerprint(data_cfg, tok_cfg, inputs)
 
     if not force:
-        cached, why_not = _open_cache(directory, key)
+        cached, why_not = open_cache(directory, key)
         if cached is not None:
             m = cached.meta
             log(f"Reusing {directory}/ (same inputs and settings, fingerprint {key[:12]}): "
@@ -419,7 +177,7 @@ def prepare_data(data_cfg: DataConfig, tok_cfg: TokenizerConfig, *, force: bool 
     plan = plan_local_split(data_cfg, files) if data_cfg.source == "local" \
         else plan_hub_split(data_cfg)
     cache_root.mkdir(parents=True, exist_ok=True)
-    build = _sibling(directory, "tmp")
+    build = hidden_sibling(directory, "tmp")
     build.mkdir()
     try:
         if tok_cfg.name == "char":
@@ -452,11 +210,11 @@ def prepare_data(data_cfg: DataConfig, tok_cfg: TokenizerConfig, *, force: bool 
         }
         (build / "meta.json").write_text(json.dumps(meta, indent=2, ensure_ascii=False) + "\n",
                                          encoding="utf-8")
-        _publish(build, directory)
+        publish(build, directory)
     finally:
         shutil.rmtree(build, ignore_errors=True)
 
-    prepared, problem = _open_cache(directory, None)
+    prepared, problem = open_cache(directory, None)
     if prepared is None:
         raise RuntimeError(f"{directory} was just written but does not read back: {problem}")
     prepared.from_cache = False
@@ -464,9 +222,9 @@ def prepare_data(data_cfg: DataConfig, tok_cfg: TokenizerConfig, *, force: bool 
     dtype, unit = m["dtype"], data_cfg.row_unit
     log(f"Wrote {directory}/ in {time.perf_counter() - start:.1f} s:\n"
         f"  train.bin       {m['train_tokens']:>12,} tokens ({dtype}, "
-        f"{_count(m['train_rows'], unit)})\n"
+        f"{plural(m['train_rows'], unit)})\n"
         f"  val.bin         {m['val_tokens']:>12,} tokens ({dtype}, "
-        f"{_count(m['val_rows'], unit)})\n"
+        f"{plural(m['val_rows'], unit)})\n"
         f"  tokenizer.json  {m['tokenizer']}, vocab_size {m['vocab_size']:,} "
         f"({EOT} = id {m['eot_id']})\n"
         f"  meta.json       fingerprint {key[:12]}")

@@ -1,144 +1,36 @@
-"""Attention, step by step: the explainer's walkthrough, computed live by tinylm.attention.
+"""Attention, step by step, as text: the walkthrough tinylm-explain prints (tinylm/cli/explain.py).
 
-Every number printed comes from tinylm's own attention code (`attention_steps`,
-`MultiHeadAttention`, a trained `TinyLM`); this module only arranges and labels the numbers.
+Where each number comes from:
+- tinylm.attention computes the attention itself: `attention_steps` (scores, scaling, mask, row
+  max, exponentials, weights, output), `unshifted_exps` (the exponentials without the max
+  subtracted) and `value_terms` (each key's weight·value term of an output);
+- tinylm.inspection runs a MultiHeadAttention stage by stage (`multi_head_walk`) and recomputes
+  one head of a trained TinyLM (`model_head_steps`);
+- this module arranges and labels those numbers. The only arithmetic here is bookkeeping on them:
+  the row sums of the weights, the share that a shortened row leaves out (1 - the weights shown),
+  and the largest difference between the step-by-step numbers and the model's own forward pass.
 
-    tinylm-explain                                   # the explainer's worked example
-    tinylm-explain causal=true                       # ... with the causal mask
-    tinylm-explain 'q=[[1,0],[0,1]]' 'v=[[1,2],[3,4]]'   # your own Q and V (K = Q unless given)
-    tinylm-explain qkv_file=qkv.yaml                 # q, k, v (lists of rows) from JSON or YAML
-    tinylm-explain n_head=2                          # split into heads, concatenate, project
-    tinylm-explain checkpoint=runs/x 'text="Lily saw a cat. She"' layer=1 head=0 query=She
-    tinylm-explain png=attention.png logdir=runs/explain   # the steps as heatmaps too
+docs/attention.md explains the steps on tinylm-explain's worked example.
+
+    q = torch.tensor([[1.0, 0.0], [0.0, 1.0]])
+    explain_qkv(q, q, q, "K = V = Q", causal=True).text   # every step, with the causal mask
+    explain_multi_head(n_head=2).text                      # split into heads, concatenate, project
+    explain_model_head(model, tokenizer, "Lily saw a cat. She", layer=1, query="She")
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
-from pathlib import Path
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 import torch
 
-from tinylm.attention import AttentionSteps, MultiHeadAttention, attention_steps
-from tinylm.config import flag, integer
+from tinylm.attention import AttentionSteps, attention_steps, unshifted_exps, value_terms
+from tinylm.inspection import example_attention, model_head_steps, multi_head_walk
 from tinylm.tables import MAX_WIDTH, paragraph, side_by_side, table, vector
-from tinylm.threads import apply_threads, check_threads_setting, start_sample
-
-# The explainer's worked example (../shared/docs/attention-explainer.md): 3 tokens, d = 2, Q = K.
-EXAMPLE_Q = [[1.0, 0.0], [0.0, 1.0], [1.0, 1.0]]
-EXAMPLE_V = [[1.0, 0.0], [0.0, 2.0], [1.0, 1.0]]
-QKV_FILE_KEYS = ("q", "k", "v", "x")
-
-
-@dataclass
-class ExplainConfig:
-    """What tinylm-explain shows; the schema of conf/explain.yaml (defaults: here only)."""
-
-    q: list | None = None  # queries: list of rows (T_q, d); default the explainer's example
-    k: list | None = None  # keys (T_k, d); default: K = Q
-    v: list | None = None  # values (T_k, d_v); default: V = K, or the example's V
-    qkv_file: str | None = None  # JSON/YAML mapping with q, k, v (or x for n_head mode)
-    causal: bool = False
-    n_head: int | None = None  # set: multi-head mode (MultiHeadAttention on x)
-    d_model: int | None = None  # multi-head width when x is random (default 4)
-    x: list | None = None  # multi-head input (T, d_model); default seeded random
-    seed: int = 0  # for the random x and projection weights of n_head mode
-    checkpoint: str | None = None  # run dir / checkpoint dir: explain a trained head
-    text: str | None = None
-    layer: int = 0
-    head: int = 0
-    query: int | str | None = None  # row to walk through: index, or a word in checkpoint mode
-    top: int = 8  # checkpoint mode: longer rows are shortened to the `top` largest weights
-    digits: int = 4  # decimals shown
-    png: str | None = None  # write the scores/weights heatmaps here
-    logdir: str | None = None  # ... and/or to TensorBoard in this directory
-    threads: int | str = "auto"  # checkpoint mode: torch intra-op threads (tinylm/threads.py)
-
-    def __post_init__(self):
-        for name, low in (("digits", 0), ("top", 1), ("layer", 0), ("head", 0)):
-            integer(name, getattr(self, name), least=low)
-        check_threads_setting("threads", self.threads)
-        for name in ("n_head", "d_model"):
-            integer(name, getattr(self, name), least=1, null="for the default")
-        integer("seed", self.seed)
-        flag("causal", self.causal)
-        inline = [n for n in QKV_FILE_KEYS if getattr(self, n) is not None]
-        if self.qkv_file is not None and inline:
-            raise ValueError(f"give the matrices either in qkv_file={self.qkv_file!r} or on the "
-                             f"command line ({', '.join(inline)}), not both")
-        if self.checkpoint is not None:
-            extra = inline + [n for n in ("qkv_file", "n_head", "d_model")
-                              if getattr(self, n) is not None]
-            if extra:
-                raise ValueError(f"checkpoint mode takes Q, K, V from the model; drop "
-                                 f"{', '.join(extra)}")
-            if not self.text:
-                raise ValueError('checkpoint mode needs text=..., e.g. '
-                                 '\'text="Lily saw a cat. She"\'')
-
 
 # ----------------------------------------------------------------------------- inputs
-
-
-def to_matrix(name: str, value: Any) -> torch.Tensor:
-    """A list of rows of numbers (or one flat row) -> float tensor (rows, cols); clear errors."""
-    example = f"e.g. {name}=[[1,0],[0,1]]"
-    if isinstance(value, (str, bytes)) or not isinstance(value, Sequence):
-        raise ValueError(f"{name}={value!r} is not a list of rows of numbers ({example})")
-    if len(value) == 0:
-        raise ValueError(f"{name} is empty; give at least one row ({example})")
-    nested = [isinstance(row, Sequence) and not isinstance(row, str) for row in value]
-    if not any(nested):
-        value = [value]  # one flat row: a single query, key or value
-    elif not all(nested):
-        raise ValueError(f"{name} mixes rows and single numbers: {list(value)!r} ({example})")
-    rows = []
-    for i, row in enumerate(value):
-        if len(row) != len(value[0]):
-            raise ValueError(f"{name} is ragged: row 0 has {len(value[0])} numbers but row {i} "
-                             f"has {len(row)}; every row needs the same count ({example})")
-        for j, x in enumerate(row):
-            if isinstance(x, bool) or not isinstance(x, (int, float)) or not math.isfinite(x):
-                raise ValueError(f"{name}[{i}][{j}] = {x!r} is not allowed: entries must be "
-                                 "finite numbers")
-        rows.append([float(x) for x in row])
-    if len(rows[0]) == 0:
-        raise ValueError(f"{name} has rows of 0 numbers ({example})")
-    return torch.tensor(rows)
-
-
-def check_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
-    """Raise a clear error unless q (T_q, d), k (T_k, d), v (T_k, d_v) fit together."""
-    if q.size(1) != k.size(1):
-        raise ValueError(f"q rows have {q.size(1)} numbers but k rows have {k.size(1)}: each "
-                         "query is dotted with each key, so q and k need the same width d")
-    if k.size(0) != v.size(0):
-        raise ValueError(f"k has {k.size(0)} rows (tokens) but v has {v.size(0)}: each key needs "
-                         "exactly one value")
-
-
-def read_qkv_file(path: str) -> dict[str, Any]:
-    """Read a JSON or YAML file that maps some of q, k, v, x to lists of rows."""
-    import yaml  # JSON is YAML, so one reader serves both
-
-    file = Path(path)
-    if not file.is_file():
-        raise FileNotFoundError(f"qkv_file={path!r} does not exist")
-    try:
-        data = yaml.safe_load(file.read_text())
-    except yaml.YAMLError as err:
-        raise ValueError(f"qkv_file={path!r} is not valid JSON or YAML: {err}") from err
-    if not isinstance(data, dict) or not data:
-        raise ValueError(f"qkv_file={path!r} must hold a mapping with keys among "
-                         f"{', '.join(QKV_FILE_KEYS)}")
-    unknown = sorted(str(key) for key in data if key not in QKV_FILE_KEYS)
-    if unknown:
-        raise ValueError(f"qkv_file={path!r} has unknown key {', '.join(unknown)}; allowed: "
-                         f"{', '.join(QKV_FILE_KEYS)}")
-    return data
 
 
 def resolve_query(query: int | str | None, labels: Sequence[str], default: int,
@@ -169,70 +61,7 @@ def resolve_query(query: int | str | None, labels: Sequence[str], default: int,
     return matches[0], note
 
 
-# ----------------------------------------------------------------------------- computations
-
-
-class MultiHeadWalk(NamedTuple):
-    """Each stage of MultiHeadAttention's forward pass on one sequence x (T, C)."""
-
-    q: torch.Tensor  # (T, C): X·W_qᵀ, all heads side by side
-    k: torch.Tensor
-    v: torch.Tensor
-    steps: AttentionSteps  # per-head steps, (nh, T, T) / output (nh, T, hs)
-    concat: torch.Tensor  # (T, C): the heads' outputs side by side
-    output: torch.Tensor  # (T, C): out_proj(concat)
-
-
-@torch.no_grad()
-def multi_head_walk(attn: MultiHeadAttention, x: torch.Tensor) -> MultiHeadWalk:
-    """Run MultiHeadAttention's stages one by one on x (T, C); causal, as the module always is."""
-    T, C = x.shape
-    q, k, v = attn.project_heads(x[None])  # (1, nh, T, hs) each
-    steps = attention_steps(q[0], k[0], v[0], is_causal=True)  # every head at once
-    concat = steps.output.transpose(0, 1).reshape(T, C)  # (nh, T, hs) -> (T, nh*hs)
-    output = attn.out_proj(concat)
-
-    def joined(t: torch.Tensor) -> torch.Tensor:
-        return t[0].transpose(0, 1).reshape(T, C)
-
-    return MultiHeadWalk(joined(q), joined(k), joined(v), steps, concat, output)
-
-
-def example_attention(d_model: int, n_head: int, seed: int, n_tokens: int = 3
-                      ) -> tuple[MultiHeadAttention, torch.Tensor]:
-    """A small MultiHeadAttention and input x (n_tokens, d_model), seeded, rounded for reading.
-
-    Weights are rounded to 2 decimals and x to 1, so the printed numbers are the ones used.
-    """
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        attn = MultiHeadAttention(d_model, n_head, dropout=0.0, bias=False).eval()
-        x = torch.randn(n_tokens, d_model).round(decimals=1)
-    with torch.no_grad():
-        for param in attn.parameters():
-            param.copy_(param.round(decimals=2))
-    return attn, x
-
-
-@torch.no_grad()
-def model_head_steps(model, idx: torch.Tensor, layer: int, head: int
-                     ) -> tuple[AttentionSteps, torch.Tensor, torch.Tensor]:
-    """One head's attention steps inside a TinyLM on token ids idx (T,).
-
-    Captures the input of blocks[layer].attn (the normed residual stream) during a normal forward
-    pass, recomputes that head with attention_steps, and returns (steps, the head's v (T, hs),
-    the weights the model itself returned for that head (T, T)) so callers can check they agree.
-    """
-    attn = model.blocks[layer].attn
-    captured = []
-    hook = attn.register_forward_pre_hook(lambda module, args: captured.append(args[0]))
-    try:
-        out = model(idx[None], return_attention=True)
-    finally:
-        hook.remove()
-    q, k, v = attn.project_heads(captured[0])  # (1, nh, T, hs)
-    steps = attention_steps(q[0, head], k[0, head], v[0, head], is_causal=True)
-    return steps, v[0, head], out.attentions[layer][0, head]
+# ----------------------------------------------------------------------------- tables
 
 
 def _labels(prefix: str, n: int) -> list[str]:
@@ -257,8 +86,7 @@ def steps_tables(steps: AttentionSteps, d: int, q_rows: list[str], k_cols: list[
             table("   Masked scores: hidden ones set to -inf", steps.masked, q_rows, k_cols,
                   digits, mark),
         ]) + [""]
-    shifted = steps.masked - steps.row_max  # what exp() is taken of; -inf stays -inf
-    with_max = torch.cat([steps.row_max, shifted], dim=1)
+    with_max = torch.cat([steps.row_max, steps.shifted], dim=1)
     with_sum = torch.cat([steps.exps, steps.exp_sum], dim=1)
     lines += side_by_side([
         table("3. Row max subtracted  (no exponent > 0)", with_max, q_rows, ["max"] + k_cols,
@@ -277,7 +105,7 @@ def steps_tables(steps: AttentionSteps, d: int, q_rows: list[str], k_cols: list[
 def query_walk(steps: AttentionSteps, i: int, v: torch.Tensor, q_label: str,
                k_labels: Sequence[str], digits: int, top: int | None = None,
                explainer_note: bool = False) -> list[str]:
-    """Query i's walk through the steps, one row per key it can see (the explainer's view).
+    """Query i's walk through the steps, one row per key it can see (as docs/attention.md reads it).
 
     With `top`, only the keys with the largest weights are listed, and the lines say so.
     """
@@ -288,14 +116,15 @@ def query_walk(steps: AttentionSteps, i: int, v: torch.Tensor, q_label: str,
         shown = sorted(best)
     d_v = v.size(1)
     spell_out = d_v <= 4 and len(shown) <= 6  # weight·value per key still fits on a line
+    terms = value_terms(steps.weights, v)[i]  # (T_k, d_v): weight_j · v_j
     cols = ["q·k", "/√d", "-max", "exp", "weight"]
     rows = []
     for j in shown:
         rows.append([float(steps.scores[i, j]), float(steps.scaled[i, j]),
-                     float(steps.masked[i, j] - steps.row_max[i, 0]), float(steps.exps[i, j]),
+                     float(steps.shifted[i, j]), float(steps.exps[i, j]),
                      float(steps.weights[i, j])])
         if spell_out:
-            rows[-1].append(vector(steps.weights[i, j] * v[j], digits))
+            rows[-1].append(vector(terms[j], digits))
     total = ["", "", "", float(steps.exp_sum[i, 0]), float(steps.weights[i].sum())]
     if spell_out:
         cols.append("weight·v")
@@ -319,8 +148,8 @@ def query_walk(steps: AttentionSteps, i: int, v: torch.Tensor, q_label: str,
         lines.append(f"  output = {vector(steps.output[i], digits)}" if d_v <= 8 else
                      f"  output ({d_v} numbers, first 8) = {vector(steps.output[i, :8], digits)}")
     if explainer_note and float(steps.row_max[i, 0]) != 0:
-        # the explainer takes exp() of the scaled scores directly; e^max cancels in the division
-        raw = steps.exps[i, visible] * steps.row_max[i, 0].exp()
+        # the textbook softmax takes exp() of the scaled scores directly; e^max cancels
+        raw = unshifted_exps(steps)[i, visible]
         lines += paragraph(
             f"Without subtracting the max (as the explainer does) the exponentials are "
             f"{vector(raw, digits)[1:-1]}, sum {float(raw.sum()):.{digits}f}: each is "
@@ -379,49 +208,32 @@ class Explanation(NamedTuple):
     panels: list[Panel]
 
 
-def _load_qkv(cfg: ExplainConfig) -> dict[str, Any]:
-    return read_qkv_file(cfg.qkv_file) if cfg.qkv_file else {
-        "q": cfg.q, "k": cfg.k, "v": cfg.v, "x": cfg.x}
-
-
-def explain_qkv(cfg: ExplainConfig) -> Explanation:
-    """Scaled dot-product attention on given Q, K, V (default: the explainer's worked example)."""
-    given = _load_qkv(cfg)
-    if given.get("x") is not None or cfg.d_model is not None:
-        raise ValueError("x and d_model are for multi-head mode; add n_head=<heads>")
-    if given.get("q") is None:
-        if given.get("k") is not None or given.get("v") is not None:
-            raise ValueError("k or v were given without q; give q too")
-        intro = ["The explainer's worked example: 3 tokens, d = 2, K = Q."]
-        given = {"q": EXAMPLE_Q, "v": EXAMPLE_V}
-    else:
-        intro = ["Your Q, K, V" + ("  (K = Q: k not given)" if given.get("k") is None else "")
-                 + ("  (V = K: v not given)" if given.get("v") is None else "")]
-    q = to_matrix("q", given["q"])
-    k = to_matrix("k", given["k"]) if given.get("k") is not None else q
-    v = to_matrix("v", given["v"]) if given.get("v") is not None else k
-    check_qkv(q, k, v)
+def explain_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, intro: str,
+                causal: bool = False, query: int | str | None = None, digits: int = 4
+                ) -> Explanation:
+    """Scaled dot-product attention on q (T_q, d), k (T_k, d), v (T_k, d_v), step by step,
+    following row `query`; `intro` says whose numbers these are."""
     q_rows, k_cols = _labels("q", q.size(0)), _labels("k", k.size(0))
-    i, note = resolve_query(cfg.query, q_rows, default=0)
+    i, note = resolve_query(query, q_rows, default=0)
 
-    steps = attention_steps(q, k, v, is_causal=cfg.causal)
-    hidden = (steps.masked == float("-inf")) if cfg.causal else None
-    lines = [("Causal s" if cfg.causal else "S") + "caled dot-product attention, step by step "
-             "(numbers computed by tinylm.attention.attention_steps)."] + intro
-    if cfg.causal and q.size(0) != k.size(0):
+    steps = attention_steps(q, k, v, is_causal=causal)
+    hidden = (steps.masked == float("-inf")) if causal else None
+    lines = [("Causal s" if causal else "S") + "caled dot-product attention, step by step "
+             "(numbers computed by tinylm.attention.attention_steps).", intro]
+    if causal and q.size(0) != k.size(0):
         lines.append(f"The {q.size(0)} queries are the last of the {k.size(0)} positions.")
     lines += [f"Rows are queries, columns keys; > marks {q_rows[i]}, followed key by key at the "
               "end (query=N)."] + ([note] if note else [])
     lines += [""] + side_by_side([
-        table("Q: what each token asks for", q, q_rows, _labels("d", q.size(1)), cfg.digits, i),
-        table("K: what each offers to match", k, k_cols, _labels("d", k.size(1)), cfg.digits),
+        table("Q: what each token asks for", q, q_rows, _labels("d", q.size(1)), digits, i),
+        table("K: what each offers to match", k, k_cols, _labels("d", k.size(1)), digits),
         table("V: what each carries", v, _labels("v", v.size(0)), _labels("d", v.size(1)),
-              cfg.digits),
+              digits),
     ]) + [""]
-    lines += steps_tables(steps, q.size(1), q_rows, k_cols, cfg.digits, i, hidden) + [""]
-    lines += query_walk(steps, i, v, f"{q_rows[i]} = {vector(q[i], cfg.digits)}", k_cols,
-                        cfg.digits, explainer_note=True)
-    if cfg.causal:
+    lines += steps_tables(steps, q.size(1), q_rows, k_cols, digits, i, hidden) + [""]
+    lines += query_walk(steps, i, v, f"{q_rows[i]} = {vector(q[i], digits)}", k_cols,
+                        digits, explainer_note=True)
+    if causal:
         plain = attention_steps(q, k, v)
         seen = [", ".join(k_cols[c] for c in range(k.size(0)) if not hidden[r, c]) or "none"
                 for r in range(q.size(0))]
@@ -431,39 +243,34 @@ def explain_qkv(cfg: ExplainConfig) -> Explanation:
         cols = ([f"causal d{c}" for c in range(d_v)] + [f"no mask d{c}" for c in range(d_v)]
                 + ["keys seen"])
         lines += [""] + table("How the mask changes each row's output:", rows, q_rows, cols,
-                              cfg.digits, i)
-    title = "causal attention" if cfg.causal else "attention"
-    panels = [Panel("scores S/√d" + (" (masked)" if cfg.causal else ""), steps.masked, q_rows,
+                              digits, i)
+    title = "causal attention" if causal else "attention"
+    panels = [Panel("scores S/√d" + (" (masked)" if causal else ""), steps.masked, q_rows,
                     k_cols),
               Panel("weights", _blank_hidden(steps), q_rows, k_cols, weights=True)]
     return Explanation("\n".join(lines), title, panels)
 
 
-def explain_multi_head(cfg: ExplainConfig) -> Explanation:
-    """MultiHeadAttention step by step: project, split into heads, attend, concatenate, project."""
-    given = _load_qkv(cfg)
-    unused = [name for name in ("q", "k", "v") if given.get(name) is not None]
-    if unused:
-        raise ValueError(f"n_head mode projects Q, K, V from x; give x=[[...]] instead of "
-                         f"{', '.join(unused)}")
-    if cfg.query is not None:
-        raise ValueError("query picks the row to follow in the single-head and checkpoint modes; "
-                         "n_head mode shows every row")
-    n_head = cfg.n_head
-    x = to_matrix("x", given["x"]) if given.get("x") is not None else None
-    if x is not None and cfg.d_model is not None and cfg.d_model != x.size(1):
-        raise ValueError(f"d_model={cfg.d_model} but x rows have {x.size(1)} numbers; "
+def explain_multi_head(n_head: int, x: torch.Tensor | None = None, d_model: int | None = None,
+                       seed: int = 0, digits: int = 4) -> Explanation:
+    """MultiHeadAttention step by step: project, split into heads, attend, concatenate, project.
+
+    x: the input (T, d_model); default 3 random rows of width d_model (or 4).
+    The module's weights are random with `seed`, rounded so the printed numbers are the ones used.
+    """
+    if x is not None and d_model is not None and d_model != x.size(1):
+        raise ValueError(f"d_model={d_model} but x rows have {x.size(1)} numbers; "
                          "drop d_model or make them agree")
-    d_model = x.size(1) if x is not None else (cfg.d_model or 4)
+    d_model = x.size(1) if x is not None else (d_model or 4)
     if d_model % n_head != 0:
         raise ValueError(f"d_model={d_model} is not divisible by n_head={n_head}: each head "
                          f"takes d_model / n_head columns; use d_model in "
                          f"{[n_head * m for m in range(1, 4)]}")
-    attn, x_random = example_attention(d_model, n_head, cfg.seed)
+    attn, x_random = example_attention(d_model, n_head, seed)
     x_given = x is not None
     x = x if x_given else x_random
     walk = multi_head_walk(attn, x)
-    T, hs, dg = x.size(0), d_model // n_head, cfg.digits
+    T, hs, dg = x.size(0), d_model // n_head, digits
     rows = _labels("t", T)
     head_cols = [f"h{h}.{c}" for h in range(n_head) for c in range(hs)]
     w_q, w_k, w_v = attn.qkv_proj.weight.split(d_model, dim=0)  # each (C, C): rows = outputs
@@ -471,7 +278,7 @@ def explain_multi_head(cfg: ExplainConfig) -> Explanation:
     lines = paragraph(
         f"Multi-head attention, step by step: n_head={n_head} heads of size {hs} on "
         f"d_model={d_model} (numbers computed by tinylm.attention.MultiHeadAttention). "
-        f"Projection weights: random with seed={cfg.seed}, rounded to 2 decimals, no biases"
+        f"Projection weights: random with seed={seed}, rounded to 2 decimals, no biases"
         + ("." if x_given else "; x random, rounded to 1 decimal.")
         + " MultiHeadAttention is causal (a language model must not see later tokens), so every "
         "head below uses the causal mask.") + [""]
@@ -513,126 +320,45 @@ def explain_multi_head(cfg: ExplainConfig) -> Explanation:
     return Explanation("\n".join(lines), f"multi-head attention, {n_head} heads", panels)
 
 
-def explain_checkpoint(cfg: ExplainConfig) -> Explanation:
-    """One head of a trained model on `cfg.text`, following one query token through the steps."""
-    from tinylm.checkpoint import load_checkpoint
-
-    cpu_sample = start_sample()
-    ckpt = load_checkpoint(cfg.checkpoint)
-    apply_threads(cfg.threads, cpu_sample)  # matters little here: one forward pass
-    return explain_model_head(ckpt.model, ckpt.tokenizer, cfg, source=str(ckpt.directory))
-
-
-def explain_model_head(model, tokenizer, cfg: ExplainConfig, source: str = "model"
-                       ) -> Explanation:
-    """Checkpoint mode on a model and tokenizer already in memory (tests use this directly)."""
+def explain_model_head(model, tokenizer, text: str, layer: int = 0, head: int = 0,
+                       query: int | str | None = None, top: int = 8, digits: int = 4,
+                       source: str = "model") -> Explanation:
+    """One head of a trained TinyLM on `text`, following token `query` (default: the last)
+    through the steps; rows longer than `top` keys are shortened to their largest weights."""
     c = model.config
-    if cfg.layer >= c.n_layer:
-        raise ValueError(f"layer={cfg.layer} is out of range: the model has {c.n_layer} layers "
+    if layer >= c.n_layer:
+        raise ValueError(f"layer={layer} is out of range: the model has {c.n_layer} layers "
                          f"(0..{c.n_layer - 1})")
-    if cfg.head >= c.n_head:
-        raise ValueError(f"head={cfg.head} is out of range: the model has {c.n_head} heads per "
+    if head >= c.n_head:
+        raise ValueError(f"head={head} is out of range: the model has {c.n_head} heads per "
                          f"layer (0..{c.n_head - 1})")
-    ids = tokenizer.encode(cfg.text)
+    ids = tokenizer.encode(text)
     if not ids:
-        raise ValueError(f"text={cfg.text!r} gives no tokens")
+        raise ValueError(f"text={text!r} gives no tokens")
     if len(ids) > c.block_size:
         raise ValueError(f"text is {len(ids)} tokens but the model reads at most "
                          f"block_size={c.block_size}; shorten it")
     tokens = tokenizer.token_strings(ids)
     labels = [f"{j} {t!r}" for j, t in enumerate(tokens)]
-    i, note = resolve_query(cfg.query, tokens, default=-1, what="tokens")
+    i, note = resolve_query(query, tokens, default=-1, what="tokens")
 
     model.eval()
     device = next(model.parameters()).device
     steps, v, model_weights = model_head_steps(model, torch.tensor(ids, device=device),
-                                               cfg.layer, cfg.head)
+                                               layer, head)
     steps = AttentionSteps(*(t.float().cpu() for t in steps))
     diff = float((model_weights.float().cpu() - steps.weights).abs().max())
     lines = paragraph(
-        f"Layer {cfg.layer}, head {cfg.head} of {source} on {cfg.text!r} ({len(ids)} tokens; "
+        f"Layer {layer}, head {head} of {source} on {text!r} ({len(ids)} tokens; "
         f"head size {c.n_embd // c.n_head}). Q, K, V are this head's slice of "
         "blocks[layer].attn.qkv_proj applied to the layer's normed input; attention is causal.")
     lines += paragraph(f"The query is token {labels[i]}." + (f" {note}" if note else "")) + [""]
-    lines += weights_overview(steps.weights, tokens, cfg.digits, min(cfg.top, 4)) + [""]
-    lines += query_walk(steps, i, v.float().cpu(), labels[i], labels, cfg.digits, top=cfg.top)
+    lines += weights_overview(steps.weights, tokens, digits, min(top, 4)) + [""]
+    lines += query_walk(steps, i, v.float().cpu(), labels[i], labels, digits, top=top)
     lines += ["", f"Check: the model's own forward pass gives this head the same weights (max "
               f"difference {diff:.1e})."]
-    title = f"layer {cfg.layer} head {cfg.head}"
+    title = f"layer {layer} head {head}"
     short = [repr(t) for t in tokens]
     panels = [Panel("scores S/√d (masked)", steps.masked, short, short),
               Panel("weights", _blank_hidden(steps), short, short, weights=True)]
     return Explanation("\n".join(lines), title, panels)
-
-
-# ----------------------------------------------------------------------------- figures
-
-
-def steps_figure(panels: Sequence[Panel], title: str):
-    """Heatmaps of the scores and weights, two per row; small ones carry their numbers."""
-    import numpy as np
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-
-    from tinylm.plots import ATTENTION_CMAP
-
-    n_rows = math.ceil(len(panels) / 2)
-    t = max(panel.matrix.size(1) for panel in panels)
-    size = min(8.0, max(3.2, 0.3 * t))
-    fig = Figure(figsize=(2 * size + 1.5, size * n_rows + 0.6), layout="constrained")
-    FigureCanvasAgg(fig)
-    axes = fig.subplots(n_rows, 2, squeeze=False)
-    for ax, (name, matrix, rows, cols, weights) in zip(axes.flat, panels, strict=False):
-        values = matrix.detach().float().cpu().numpy()
-        shown = np.ma.masked_invalid(values)  # -inf (hidden by the mask) is drawn blank
-        limits = {"vmin": 0.0, "vmax": 1.0} if weights else {}
-        image = ax.imshow(shown, cmap=ATTENTION_CMAP, interpolation="nearest", aspect="equal",
-                          **limits)
-        ax.set_xticks(range(len(cols)), cols, rotation=90, fontsize=8)
-        ax.set_yticks(range(len(rows)), rows, fontsize=8)
-        ax.set_xlabel("key")
-        ax.set_ylabel("query")
-        ax.set_title(name, fontsize=10)
-        if values.shape[1] <= 10:
-            for (r, c), value in np.ndenumerate(values):
-                if np.isfinite(value):
-                    ax.text(c, r, f"{value:.2f}", ha="center", va="center", fontsize=8,
-                            color="white" if image.norm(value) < 0.5 else "black")
-        fig.colorbar(image, ax=ax, shrink=0.8)
-    for ax in list(axes.flat)[len(panels):]:
-        ax.set_axis_off()
-    fig.suptitle(title)
-    return fig
-
-
-def write_figures(explanation: Explanation, png: str | None, logdir: str | None) -> list[str]:
-    """Write the heatmaps as a PNG and/or to TensorBoard; returns lines saying where."""
-    from tinylm.plots import save_figure
-
-    fig = steps_figure(explanation.panels, f"tinylm-explain: {explanation.title}")
-    written = []
-    if png:
-        written.append(f"Figure written to {save_figure(fig, png)}")
-    if logdir:
-        from torch.utils.tensorboard import SummaryWriter
-
-        tag = "explain/" + explanation.title.replace(" ", "_").replace(",", "")
-        with SummaryWriter(logdir) as writer:
-            writer.add_figure(tag, fig, global_step=0)
-        written.append(f"TensorBoard figure {tag!r} written to {logdir} "
-                       f"(tensorboard --logdir {logdir})")
-    return written
-
-
-def explain(cfg: ExplainConfig) -> str:
-    """The walkthrough cfg asks for, as text; writes the figures when png/logdir are set."""
-    if cfg.checkpoint is not None:
-        result = explain_checkpoint(cfg)
-    elif cfg.n_head is not None:
-        result = explain_multi_head(cfg)
-    else:
-        result = explain_qkv(cfg)
-    text = result.text
-    if cfg.png or cfg.logdir:
-        text += "\n\n" + "\n".join(write_figures(result, cfg.png, cfg.logdir))
-    return text

@@ -1,12 +1,14 @@
-"""Where each head looks: capture attention over a text, aggregate it to words, follow pronouns.
+"""Where each head looks: capture attention over a text, aggregate it to words, follow pronouns;
+and one head's attention recomputed step by step, for tinylm-explain.
 
 Run it through generation (`tinylm-generate checkpoint=<run> prompt="..." inspect=true`) or call
 it directly:
 
-    from tinylm.inspection import capture_attention, inspect_texts
+    from tinylm.inspection import capture_attention, read_pronouns
     capture = capture_attention(model, tokenizer, "Lily and Tom went to the park. She")
     capture.weights.shape            # (n_layer, n_head, T, T), each row sums to 1
-    inspect_texts(model, tokenizer, [text], "runs/inspect")   # TensorBoard + PNG + .npz
+    read_pronouns(capture)           # every head's most-attended earlier words, per pronoun
+    # TensorBoard, PNG, .npz and the pronoun tables: tinylm.inspection_output.inspect_texts
 
 Tokens are mapped to words through the tokenizer's character offsets. Word-level attention *to*
 a word sums the weights of its sub-word tokens (the share of attention the word gets); attention
@@ -16,18 +18,24 @@ Each pronoun is read from two query positions. "Resolving": from the pronoun its
 model looks once it has read it (what BERT studies measure). "Deciding": from the token just before
 it, where a causal model looks when it chooses the pronoun; its logits predict the pronoun, so
 this is where a name's gender has to arrive.
+
+tinylm-explain's numbers come from the end of this module: `model_head_steps` recomputes one head
+of a trained model with tinylm.attention.attention_steps, `multi_head_walk` runs
+MultiHeadAttention's stages one at a time, and `example_attention` builds the small seeded module
+its multi-head mode walks through.
 """
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 import torch
+
+from tinylm.attention import AttentionSteps, MultiHeadAttention, attention_steps
 
 PRONOUNS = frozenset(
     word for w in ("he", "she", "it", "they", "him", "her", "his", "its", "them", "their")
@@ -39,9 +47,6 @@ NAMES = frozenset((
     "Emma Molly Billy Jill Zoe Leo Mike Lisa Spot Rex Kitty").split())
 WORD_RE = re.compile(r"\w+(?:['’]\w+)*")  # letters/digits, keeping "Tom's" and "don't" whole
 SENTENCE_START = re.compile(r"[.!?:\n\"“”]")  # a gap containing these starts a new sentence
-# Long texts stay readable by labelling 1 token in k, so that an axis has at most this many labels
-# (pronouns are labelled in any case); the pictures always show every token.
-GRID_LABELS, HEAD_LABELS = 32, 64
 
 
 @dataclass
@@ -255,205 +260,67 @@ def read_pronouns(capture: AttentionCapture, k: int = 3) -> list[PronounReading]
     return readings
 
 
-def _md(text: str) -> str:
-    """Escape text for TensorBoard's markdown (tables, emphasis, HTML)."""
-    text = re.sub(r"([\\`*_{}\[\]<>#|])", r"\\\1", text)
-    return text.replace("\n", " ")
+# ------------------------------------------------------------------ one head, step by step
 
 
-def query_label(capture: AttentionCapture, reading: PronounReading, position: str) -> str:
-    """Which token a position reads from, in words: "from '.' before 'She'", "from 'She'"."""
-    if position == "resolving":
-        return f"from {reading.pronoun!r}"
-    return f"from {capture.tokens[reading.positions[position].query]!r} before {reading.pronoun!r}"
+class MultiHeadWalk(NamedTuple):
+    """Each stage of MultiHeadAttention's forward pass on one sequence x (T, C)."""
+
+    q: torch.Tensor  # (T, C): X·W_qᵀ, all heads side by side
+    k: torch.Tensor
+    v: torch.Tensor
+    steps: AttentionSteps  # per-head steps, (nh, T, T) / output (nh, T, hs)
+    concat: torch.Tensor  # (T, C): the heads' outputs side by side
+    output: torch.Tensor  # (T, C): out_proj(concat)
 
 
-def pronoun_table(capture: AttentionCapture, reading: PronounReading) -> str:
-    """Markdown tables, deciding then resolving: one row per head, its top earlier words."""
-    words = capture.words
-    parts = [f"**{_md(reading.pronoun)}** (word {reading.word}, character {reading.char}): "
-             "attention to earlier words, summed over sub-word tokens; *name* in italics"]
-    for position, why in QUERY_POSITIONS.items():
-        if position in reading.skipped:
-            parts.append(f"{position}: skipped: {_md(reading.skipped[position])}")
-            continue
-        top = reading.positions[position].top
-        k = max(len(ws) for row in top for ws in row)
-        lines = [f"{position} ({_md(query_label(capture, reading, position))}: {why})", "",
-                 "| layer | head | " + " | ".join(f"top {i + 1}" for i in range(k)) + " |",
-                 "|---|---|" + "---|" * k]
-        for layer, row in enumerate(top):
-            for head, ranked in enumerate(row):
-                cells = []
-                for w, v in ranked:
-                    name = _md(words[w])
-                    if is_name(capture.text, capture.word_spans, w):
-                        name = f"*{name}*"
-                    cells.append(f"{name} {v:.2f}")
-                lines.append(f"| {layer} | {head} | " + " | ".join(cells) + " |")
-        parts.append("\n".join(lines))
-    return "\n\n".join(parts)
+@torch.no_grad()
+def multi_head_walk(attn: MultiHeadAttention, x: torch.Tensor) -> MultiHeadWalk:
+    """Run MultiHeadAttention's stages one by one on x (T, C); causal, as the module always is."""
+    T, C = x.shape
+    q, k, v = attn.project_heads(x[None])  # (1, nh, T, hs) each
+    steps = attention_steps(q[0], k[0], v[0], is_causal=True)  # every head at once
+    concat = steps.output.transpose(0, 1).reshape(T, C)  # (nh, T, hs) -> (T, nh*hs)
+    output = attn.out_proj(concat)
+
+    def joined(t: torch.Tensor) -> torch.Tensor:
+        return t[0].transpose(0, 1).reshape(T, C)
+
+    return MultiHeadWalk(joined(q), joined(k), joined(v), steps, concat, output)
 
 
-def pronoun_summary(capture: AttentionCapture, readings: Sequence[PronounReading]) -> list[str]:
-    """Console lines per pronoun, deciding then resolving: the heads whose most-attended earlier
-    word is a name, or why a position was skipped."""
-    words = capture.words
-    n_heads = capture.weights.shape[0] * capture.weights.shape[1]
-    lines = []
-    for r in readings:
-        for position in QUERY_POSITIONS:
-            head = f"{r.pronoun!r} at character {r.char}, {position}"
-            if position in r.skipped:
-                lines.append(f"{head}: skipped: {r.skipped[position]}")
-                continue
-            found = sorted(r.positions[position].name_heads, key=lambda x: -x[3])
-            where = query_label(capture, r, position)
-            if found:
-                heads = ", ".join(f"L{layer}H{h} -> {words[w]} {v:.2f}"
-                                  for layer, h, w, v in found)
-                lines.append(f"{head} ({where}): {len(found)}/{n_heads} heads point at a name: "
-                             f"{heads}")
-            else:
-                lines.append(f"{head} ({where}): no head's top word is a name")
-    return lines
+def example_attention(d_model: int, n_head: int, seed: int, n_tokens: int = 3
+                      ) -> tuple[MultiHeadAttention, torch.Tensor]:
+    """A small MultiHeadAttention and input x (n_tokens, d_model), seeded, rounded for reading.
 
-
-def pronoun_records(capture: AttentionCapture, readings: Sequence[PronounReading]) -> list[dict]:
-    """The readings as JSON-ready records (inspect.json): words by text, names flagged."""
-    words = capture.words
-
-    def heads(reading: HeadReading) -> list[dict]:
-        return [{"layer": layer, "head": head,
-                 "top": [{"word": words[w], "word_index": w, "weight": v,
-                          "name": is_name(capture.text, capture.word_spans, w)}
-                         for w, v in ranked]}
-                for layer, row in enumerate(reading.top) for head, ranked in enumerate(row)]
-
-    return [{"pronoun": r.pronoun, "word_index": r.word, "char": r.char,
-             **{position: ({"query_token": r.positions[position].query,
-                            "query": capture.tokens[r.positions[position].query],
-                            "heads": heads(r.positions[position])}
-                           if position in r.positions else None)
-                for position in QUERY_POSITIONS},
-             "skipped": r.skipped} for r in readings]
-
-
-def tokens_table(capture: AttentionCapture) -> str:
-    """Markdown table of the tokens: position, id, token string, the word it belongs to."""
-    words = capture.words
-    lines = ["| position | id | token | word |", "|---|---|---|---|"]
-    for i, (token_id, token, w) in enumerate(zip(capture.ids, capture.tokens,
-                                                 capture.token_words, strict=True)):
-        lines.append(f"| {i} | {token_id} | {_md(repr(token))} | {_md(words[w]) if w >= 0 else ''}"
-                     " |")
-    return "\n".join(lines)
-
-
-def write_inspection(capture: AttentionCapture, logdir: str | Path, prompt_chars: int = 0,
-                     top_words: int = 3, meta: dict | None = None) -> list[str]:
-    """Write one text's attention to TensorBoard, PNG files, attention.npz, pronouns.md and
-    inspect.json (`meta` and the pronoun readings) in `logdir`.
-
-    TensorBoard tags: attention/layer_LL/all_heads, attention/layer_LL/head_HH (images),
-    pronouns/NN_<pronoun> (bar charts, deciding beside resolving, and markdown tables),
-    text/generated, text/tokens, pronouns/summary (text). PNG files mirror the image tags
-    (attention/layer_00/head_03.png). Returns the console summary lines.
+    Weights are rounded to 2 decimals and x to 1, so the printed numbers are the ones used.
     """
-    from torch.utils.tensorboard import SummaryWriter
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        attn = MultiHeadAttention(d_model, n_head, dropout=0.0, bias=False).eval()
+        x = torch.randn(n_tokens, d_model).round(decimals=1)
+    with torch.no_grad():
+        for param in attn.parameters():
+            param.copy_(param.round(decimals=2))
+    return attn, x
 
-    from tinylm.plots import (
-        attention_grid_figure,
-        attention_head_figure,
-        label_step,
-        log_figure,
-        pronoun_bar_figure,
-    )
-    from tinylm.tensorboard_plugin.summary import write_attention
 
-    logdir = Path(logdir)
-    logdir.mkdir(parents=True, exist_ok=True)
-    n_layer, n_head, t, _ = capture.weights.shape
-    readings = read_pronouns(capture, top_words)
-    pronoun_tokens = [i for i, w in enumerate(capture.token_words)
-                      if w in {r.word for r in readings}]
-    summary = pronoun_summary(capture, readings)
-    def labelled(max_labels: int) -> str:
-        step = label_step(t, max_labels)
-        return "every token" if step == 1 else f"1 token in {step}"
+@torch.no_grad()
+def model_head_steps(model, idx: torch.Tensor, layer: int, head: int
+                     ) -> tuple[AttentionSteps, torch.Tensor, torch.Tensor]:
+    """One head's attention steps inside a TinyLM on token ids idx (T,).
 
-    notes = [capture.window_note(),
-             f"heatmap labels: {labelled(GRID_LABELS)} on the all-heads maps, "
-             f"{labelled(HEAD_LABELS)} on the one-head maps; pronouns always, in red"]
-
-    writer = SummaryWriter(log_dir=str(logdir))
+    Captures the input of blocks[layer].attn (the normed residual stream) during a normal forward
+    pass, recomputes that head with attention_steps, and returns (steps, the head's v (T, hs),
+    the weights the model itself returned for that head (T, T)) so callers can check they agree.
+    """
+    attn = model.blocks[layer].attn
+    captured = []
+    hook = attn.register_forward_pre_hook(lambda module, args: captured.append(args[0]))
     try:
-        write_attention(writer, "inspect", capture, 0)  # the "tinylm attention" tab
-        prompt, rest = capture.text[:prompt_chars].rstrip(), capture.text[prompt_chars:]
-        rest = capture.text[len(prompt):prompt_chars] + rest  # keep emphasis off trailing spaces
-        writer.add_text("text/generated", (f"**{_md(prompt)}**" if prompt.strip() else "")
-                        + _md(rest) + "\n\n(prompt in bold; " + "; ".join(notes) + ")", 0)
-        writer.add_text("text/tokens", tokens_table(capture), 0)
-        writer.add_text("pronouns/summary", "\n\n".join(summary) or "no pronouns in the text", 0)
-        for layer in range(n_layer):
-            fig = attention_grid_figure(capture.weights[layer], capture.tokens, f"layer {layer}",
-                                        GRID_LABELS, pronoun_tokens)
-            log_figure(writer, f"attention/layer_{layer:02d}/all_heads", fig, png_dir=logdir)
-            for head in range(n_head):
-                fig = attention_head_figure(capture.weights[layer, head], capture.tokens,
-                                            f"layer {layer} head {head}", HEAD_LABELS,
-                                            pronoun_tokens)
-                log_figure(writer, f"attention/layer_{layer:02d}/head_{head:02d}", fig,
-                           png_dir=logdir)
-        words = capture.words
-        for n, r in enumerate(readings):
-            tag = f"pronouns/{n:02d}_{r.pronoun}"
-            writer.add_text(tag, pronoun_table(capture, r), 0)
-            if not r.positions:
-                continue  # nothing earlier to look at: the table says why
-            panels = {f"{position}: {query_label(capture, r, position)}":
-                      [[[(words[w], v) for w, v in ranked] for ranked in row]
-                       for row in reading.top] for position, reading in r.positions.items()}
-            names = {words[w] for reading in r.positions.values() for row in reading.top
-                     for ranked in row for w, _ in ranked
-                     if is_name(capture.text, capture.word_spans, w)}
-            fig = pronoun_bar_figure(panels, f"{r.pronoun!r} at character {r.char}", names)
-            log_figure(writer, tag, fig, png_dir=logdir)
+        out = model(idx[None], return_attention=True)
     finally:
-        writer.close()
-
-    np.savez_compressed(
-        logdir / "attention.npz", weights=capture.weights, ids=np.array(capture.ids),
-        tokens=np.array(capture.tokens), offsets=np.array(capture.offsets).reshape(-1, 2),
-        word_spans=np.array(capture.word_spans).reshape(-1, 2),
-        token_words=np.array(capture.token_words), text=np.array(capture.text),
-        start=np.array(capture.start), n_text_tokens=np.array(capture.n_text_tokens))
-    (logdir / "pronouns.md").write_text(
-        "\n\n".join([*summary, *(pronoun_table(capture, r) for r in readings)]) + "\n")
-    record = {**(meta or {}), "pronouns": pronoun_records(capture, readings)}
-    (logdir / "inspect.json").write_text(json.dumps(record, indent=2, default=str) + "\n")
-    return notes + summary
-
-
-def inspect_texts(model, tokenizer, texts: Sequence[str], logdir: str | Path,
-                  prompt_chars: int = 0, top_words: int = 3, meta: dict | None = None,
-                  echo: bool = True) -> list[Path]:
-    """Capture and write each text's attention (several texts: one TensorBoard run each)."""
-    logdir = Path(logdir)
-    dirs = []
-    for i, text in enumerate(texts):
-        target = logdir if len(texts) == 1 else logdir / f"sample_{i + 1}"
-        if not text:
-            if echo:
-                print(f"\nnothing to inspect in sample {i + 1}: the text is empty")
-            continue
-        if echo:  # drawing takes a while (about a second per figure): say what is going on
-            which = "the text" if len(texts) == 1 else f"sample {i + 1}"
-            print(f"\nwriting the attention of {which} to {target} ...", flush=True)
-        lines = write_inspection(capture_attention(model, tokenizer, text), target,
-                                 prompt_chars, top_words, meta)
-        if echo:
-            for line in lines:
-                print(f"  {line}")
-        dirs.append(target)
-    return dirs
+        hook.remove()
+    q, k, v = attn.project_heads(captured[0])  # (1, nh, T, hs)
+    steps = attention_steps(q[0, head], k[0, head], v[0, head], is_causal=True)
+    return steps, v[0, head], out.attentions[layer][0, head]

@@ -139,17 +139,17 @@ class TinyLM(nn.Module):
         t = seq_len or c.block_size
         return 6 * self.num_params() + 12 * c.n_layer * c.n_embd * t
 
-    def new_kv_cache(self, batch_size: int, max_len: int | None = None) -> list[KVCache]:
-        """One empty KVCache per layer, on the model's device and dtype."""
+    def new_kv_cache(self, batch_size: int, max_len: int | None = None) -> KVCache:
+        """An empty KVCache for every layer, on the model's device and dtype."""
         c, p = self.config, self.wte.weight
-        return [KVCache(batch_size, c.n_head, max_len or c.block_size, c.n_embd // c.n_head,
-                        dtype=p.dtype, device=p.device) for _ in range(c.n_layer)]
+        return KVCache(c.n_layer, batch_size, c.n_head, max_len or c.block_size,
+                       c.n_embd // c.n_head, dtype=p.dtype, device=p.device)
 
     def forward(
         self,
         idx: torch.Tensor,
         targets: torch.Tensor | None = None,
-        kv_cache: list[KVCache] | None = None,
+        kv_cache: KVCache | None = None,
         return_attention: bool = False,
         head_mask: torch.Tensor | None = None,
         need_logits: bool = True,
@@ -157,14 +157,15 @@ class TinyLM(nn.Module):
         """idx (B, T) token ids -> LMOutput(logits (B, T, V), loss, attentions).
 
         targets (B, T): next-token ids; -1 positions are ignored in the loss.
-        kv_cache: from new_kv_cache(); idx then holds only the tokens not yet cached.
+        kv_cache: from new_kv_cache(); idx then holds only the tokens not yet cached, which
+        it takes in (its length grows by T).
         return_attention: also return every layer's weights, (B, n_head, T, T_k) each.
         head_mask (n_layer, n_head): multiplies each head's output; 0 ablates that head.
         need_logits=False (with targets): only the loss, computed without the (B, T, V) logits
         (tinylm/loss.py), which makes a training step ~1.3x faster on a CPU; logits is None.
         """
         B, T = idx.size()
-        start = kv_cache[0].length if kv_cache is not None else 0
+        start = kv_cache.length if kv_cache is not None else 0
         if start + T > self.config.block_size:
             raise ValueError(
                 f"sequence of {start + T} tokens is longer than block_size="
@@ -176,12 +177,14 @@ class TinyLM(nn.Module):
         for i, block in enumerate(self.blocks):
             x, weights = block(
                 x,
-                kv_cache=kv_cache[i] if kv_cache is not None else None,
+                kv_cache=kv_cache.layer(i) if kv_cache is not None else None,
                 need_weights=return_attention,
                 head_mask=head_mask[i] if head_mask is not None else None,
             )
             if return_attention:
                 attentions.append(weights)
+        if kv_cache is not None:
+            kv_cache.advance(T)  # every layer has stored its T new positions
         x = self.ln_f(x)
         if not need_logits:
             if targets is None:

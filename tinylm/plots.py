@@ -208,6 +208,41 @@ def layer_head_heatmap(values: np.ndarray, title: str = "", label: str = "",
     return fig
 
 
+def steps_figure(panels: Sequence[tuple], title: str) -> Figure:
+    """tinylm-explain's heatmaps of scores and weights, two per row; small ones carry their numbers.
+
+    Each panel is (title, matrix (T_q, T_k) tensor, row labels, column labels, weights): NaN and
+    -inf cells are blank, and `weights` fixes the colour scale to [0, 1] (tinylm.explain.Panel).
+    """
+    n_rows = math.ceil(len(panels) / 2)
+    t = max(matrix.shape[1] for _, matrix, *_ in panels)
+    size = min(8.0, max(3.2, 0.3 * t))
+    fig = Figure(figsize=(2 * size + 1.5, size * n_rows + 0.6), layout="constrained")
+    FigureCanvasAgg(fig)
+    axes = fig.subplots(n_rows, 2, squeeze=False)
+    for ax, (name, matrix, rows, cols, weights) in zip(axes.flat, panels, strict=False):
+        values = matrix.detach().float().cpu().numpy()
+        shown = np.ma.masked_invalid(values)  # -inf (hidden by the mask) is drawn blank
+        limits = {"vmin": 0.0, "vmax": 1.0} if weights else {}
+        image = ax.imshow(shown, cmap=ATTENTION_CMAP, interpolation="nearest", aspect="equal",
+                          **limits)
+        ax.set_xticks(range(len(cols)), cols, rotation=90, fontsize=8)
+        ax.set_yticks(range(len(rows)), rows, fontsize=8)
+        ax.set_xlabel("key")
+        ax.set_ylabel("query")
+        ax.set_title(name, fontsize=10)
+        if values.shape[1] <= 10:
+            for (r, c), value in np.ndenumerate(values):
+                if np.isfinite(value):
+                    ax.text(c, r, f"{value:.2f}", ha="center", va="center", fontsize=8,
+                            color="white" if image.norm(value) < 0.5 else "black")
+        fig.colorbar(image, ax=ax, shrink=0.8)
+    for ax in list(axes.flat)[len(panels):]:
+        ax.set_axis_off()
+    fig.suptitle(title)
+    return fig
+
+
 def figure_to_image(fig: Figure) -> np.ndarray:
     """Render a figure to an RGB uint8 array (H, W, 3), for SummaryWriter.add_image(..., "HWC")."""
     canvas = fig.canvas if isinstance(fig.canvas, FigureCanvasAgg) else FigureCanvasAgg(fig)

@@ -104,8 +104,11 @@ def check_embedded(root: Path, inputs: list[dict]) -> None:
                              f"{item['sha256']}, {CHECKSUMS} says {expected}; {RESTORE}")
 
 
-def scan_file(path: Path, strict_utf8: bool = True, log: Callable[[str], None] = print) -> dict:
-    """Size and SHA-256 of a corpus file; refuses empty files and (if strict) invalid UTF-8."""
+def scan_file(path: Path, strict_utf8: bool, log: Callable[[str], None]) -> dict:
+    """Size and SHA-256 of a corpus file; refuses empty files and (if strict) invalid UTF-8.
+
+    Invalid UTF-8 read leniently is reported through `log`.
+    """
     digest = hashlib.sha256()
     decoder = codecs.getincrementaldecoder("utf-8")()
     consumed = newlines = 0  # bytes and line breaks before the current chunk
@@ -192,7 +195,7 @@ def check_hub_reachable(timeout: float = 5.0) -> None:
 
 def hub_rows(hub_id: str, split: str, limit: int | None = None) -> Iterator[str]:
     """The "text" of each row of a hub dataset's split, streamed (first `limit` rows if given)."""
-    import datasets
+    import datasets  # here, not at the top: it takes seconds, and only a hub corpus needs it
 
     where = f"{hub_id!r} (split {split!r}) from the Hugging Face hub"
     try:

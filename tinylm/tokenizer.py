@@ -21,6 +21,9 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
+from tokenizers import Tokenizer as HFTokenizer
+from tokenizers import decoders, models, pre_tokenizers, trainers
+
 from tinylm.config import integer, one_of
 
 EOT = "<|endoftext|>"  # separates documents in the token stream; the model learns "story over"
@@ -103,7 +106,7 @@ def _byte_symbols() -> dict[str, int]:
 class BPETokenizer(Tokenizer):
     """Byte-level BPE (HF tokenizers): any text encodes, no unknown tokens, exact round-trip."""
 
-    def __init__(self, hf_tokenizer):
+    def __init__(self, hf_tokenizer: HFTokenizer):
         self.hf = hf_tokenizer
         eot_id = hf_tokenizer.token_to_id(EOT)
         if eot_id is None:
@@ -118,9 +121,6 @@ class BPETokenizer(Tokenizer):
 
         `show_progress`: draw progress bars; None = when stdout is a terminal.
         """
-        from tokenizers import Tokenizer as HFTokenizer
-        from tokenizers import decoders, models, pre_tokenizers, trainers
-
         hf = HFTokenizer(models.BPE())
         # No normalizer: text must come back exactly as it went in (NFC would change accents).
         hf.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
@@ -257,8 +257,6 @@ def load_tokenizer(path: str | Path) -> Tokenizer:
         return CharTokenizer(data["chars"])
     if isinstance(data, dict) and isinstance(data.get("model"), dict) \
             and data["model"].get("type") == "BPE":
-        from tokenizers import Tokenizer as HFTokenizer
-
         try:
             return BPETokenizer(HFTokenizer.from_str(text))
         except Exception as err:  # the Rust side raises plain Exception: "Missing vocab/merges"

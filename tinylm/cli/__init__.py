@@ -3,20 +3,39 @@
 Every command checks its command line before Hydra runs it (check_command_line_or_exit):
 Hydra's own composition errors span several lines and do not say what is allowed, so a bad
 override ends the command with one line naming the key and the keys allowed there.
+
+Two things are read from Hydra beyond its public API, each in one function that falls back to
+Hydra's own behaviour when a Hydra release changes them: the command-line parser
+(`_overrides_to_check`) and the wording of its errors (`_key_named_in`). pyproject.toml bounds
+hydra-core to the releases tested.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import re
 import signal
 import sys
+import types
+import typing
 from collections.abc import Callable
 from typing import TypeVar
 
-from omegaconf import DictConfig, OmegaConf
+from hydra import compose, initialize_config_dir
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.errors import HydraException, MissingConfigException
+from omegaconf import BooleanNode, DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException, ValidationError
 
 import tinylm.threads  # noqa: F401  (threads=auto watches the cores' load from here on)
+from tinylm.config import ConfigError, config_dir, register_schemas
 
 T = TypeVar("T")
+
+# How Hydra's messages name the key they refuse (hydra-core 1.3): "Could not override 'x'",
+# "Key 'x' is not in struct".
+KEY_IN_HYDRA_ERROR = (re.compile(r"Could not (?:override|delete|append to) '([^']+)'"),
+                      re.compile(r"Key '([^']+)' is not in struct"))
 
 
 def without_hydra(cfg: DictConfig) -> DictConfig:
@@ -44,18 +63,32 @@ def check_command_line_or_exit(command: str, config_name: str,
                                build: Callable[[DictConfig], object] | None = None
                                ) -> DictConfig | None:
     """Check sys.argv's overrides for `config_name` (conf/<name>.yaml); exit with one line if
-    one is bad. Returns the composed config, or None for --help and the like (nothing to check).
+    one is bad. Returns the composed config, or None when there is nothing to check: --help and
+    the like, or a Hydra without the private parser this reads the command line with.
     """
-    from hydra._internal.utils import get_args_parser
-
-    from tinylm.config import register_schemas
-
-    args = get_args_parser().parse_args(sys.argv[1:])
+    given = _overrides_to_check(sys.argv[1:])
     run_or_exit(command, register_schemas)  # Hydra composes conf/ even for --help
-    if args.help or args.hydra_help or args.info or args.shell_completion:
+    if given is None:
         return None
+    overrides, chosen_config = given
     return run_or_exit(command, lambda: check_command_line(
-        args.overrides, args.config_name or config_name, build))
+        overrides, chosen_config or config_name, build))
+
+
+def _overrides_to_check(argv: list[str]) -> tuple[list[str], str | None] | None:
+    """(the overrides, --config-name) in `argv` as Hydra reads them; None when there is nothing
+    to check (--help and the like) or when this Hydra's private parser is not the one known:
+    Hydra then parses the command line itself and reports a bad override in its own words."""
+    try:
+        # a private API: imported here, where its absence costs only the early check
+        from hydra._internal.utils import get_args_parser
+
+        args = get_args_parser().parse_args(argv)
+        if args.help or args.hydra_help or args.info or args.shell_completion:
+            return None
+        return list(args.overrides), args.config_name
+    except (ImportError, AttributeError):
+        return None
 
 
 def check_command_line(overrides: list[str], config_name: str,
@@ -66,13 +99,6 @@ def check_command_line(overrides: list[str], config_name: str,
     A sweep (`-m key=a,b`) is checked value by value. Returns the composition of the first
     value of each sweep, with the hydra node (for hydra.run.dir).
     """
-    from hydra import compose, initialize_config_dir
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-    from hydra.errors import HydraException
-    from omegaconf.errors import OmegaConfBaseException
-
-    from tinylm.config import ConfigError, config_dir
-
     parser = OverridesParser.create()
     try:
         parsed = parser.parse_overrides(overrides)
@@ -113,10 +139,6 @@ def check_command_line(overrides: list[str], config_name: str,
 def _refuse_loose_bools(cfg: DictConfig, overrides: list) -> None:
     """OmegaConf reads "no", "off" or "0" given to a bool field as false; tinylm takes only true
     or false there, so that a typo never flips a setting silently."""
-    from omegaconf import BooleanNode
-
-    from tinylm.config import ConfigError
-
     for override in overrides:
         key, value = override.key_or_group, override.value()
         node = cfg
@@ -129,10 +151,6 @@ def _refuse_loose_bools(cfg: DictConfig, overrides: list) -> None:
 
 def _type_rule(error) -> str:
     """What the schema field that refused a value takes, e.g. "must be a float, or null"."""
-    import dataclasses
-    import types
-    import typing
-
     kinds = {bool: "true or false", int: "an integer", float: "a float", str: "a string",
              list: "a list, e.g. [a, b]", dict: "a mapping"}
     if not dataclasses.is_dataclass(error.object_type):
@@ -153,8 +171,6 @@ def _parses(parser, override: str) -> bool:
 
 
 def _fails(config_name: str, override: str) -> bool:
-    from hydra import compose
-
     try:
         compose(config_name, [override])
     except Exception:
@@ -162,29 +178,29 @@ def _fails(config_name: str, override: str) -> bool:
     return False
 
 
+def _key_named_in(err: Exception) -> str | None:
+    """The config key that Hydra's message (or its cause's) refuses, or None when the message
+    is worded otherwise than in the Hydra releases tested."""
+    text = f"{err} {err.__cause__ or ''}"
+    found = next((m for pattern in KEY_IN_HYDRA_ERROR if (m := pattern.search(text))), None)
+    return found.group(1) if found else None
+
+
 def _condense(err: Exception, override: str | None, defaults: DictConfig | None) -> str:
     """One line out of Hydra's multi-line composition errors; `defaults` (the config composed
-    without overrides) tells which keys and groups are allowed."""
-    import re
-
-    from hydra.errors import MissingConfigException
-
+    without overrides) tells which keys and groups are allowed. A message this cannot read
+    comes out as its first line, after the override to blame."""
     if isinstance(err, MissingConfigException) and err.options is not None:
         group = (err.missing_cfg_file or "").split("/")[0]
         options = sorted(o for o in err.options if o != "schema")  # the base, not a choice
         return (f"{override or err.missing_cfg_file}: there is no {err.missing_cfg_file}.yaml; "
                 f"allowed {group} options: {', '.join(options) or 'none'}")
-    from omegaconf.errors import ValidationError
-
     wrong_type = err if isinstance(err, ValidationError) else err.__cause__
     if isinstance(wrong_type, ValidationError) and wrong_type.full_key:
         value = override.split("=", 1)[1] if override and "=" in override else wrong_type.value
         return f"{wrong_type.full_key}={value} is not allowed: {_type_rule(wrong_type)}"
-    text = f"{err} {err.__cause__ or ''}"
-    found = re.search(r"Could not (?:override|delete|append to) '([^']+)'", text) or \
-        re.search(r"Key '([^']+)' is not in struct", text)
-    if found and defaults is not None:
-        key = found.group(1)
+    key = _key_named_in(err)
+    if key is not None and defaults is not None:
         group = key.split(".")[0]
         where = f" (in {override})" if override else ""
         if "." in key and isinstance(defaults.get(group), DictConfig):

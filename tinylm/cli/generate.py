@@ -3,31 +3,173 @@
     tinylm-generate checkpoint=<run dir> prompt="Once upon a time" max_new_tokens=100
     tinylm-generate checkpoint=<run dir> prompt="Lily and Tom went to the park. She" inspect=true
     (options: conf/generate.yaml)
+
+In code: `run_generate(GenerateConfig(...))` loads, encodes, streams and inspects, as the command
+does; the sampling itself is tinylm/generate.py.
 """
 
 from __future__ import annotations
 
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
 import hydra
+import torch
 from omegaconf import DictConfig
 
+from tinylm.checkpoint import default_logdir, load_checkpoint
 from tinylm.cli import check_command_line_or_exit, run_or_exit, without_hydra
-from tinylm.config import config_dir
+from tinylm.config import (
+    ConfigError,
+    bad,
+    config_dir,
+    flag,
+    integer,
+    number,
+    one_of,
+    to_dataclass,
+)
+from tinylm.device import resolve_device
+from tinylm.generate import MIN_TEMPERATURE, StreamDecoder, encode_prompt, generate
+from tinylm.threads import apply_threads, check_threads_setting, start_sample
+
+
+@dataclass
+class GenerateConfig:
+    """Options of tinylm-generate; the schema of conf/generate.yaml (defaults: here only)."""
+
+    checkpoint: str | None = None  # a run directory, its checkpoints/, or one checkpoint directory
+    prompt: str | None = ""  # empty: start from <|endoftext|>, i.e. a fresh story
+    prompt_file: str | None = None  # read the prompt from this file instead
+    max_new_tokens: int = 200
+    temperature: float = 0.8  # 0 = greedy (always the most likely token)
+    top_k: int | None = None  # sample only among the k most likely tokens
+    top_p: float | None = None  # nucleus: the fewest tokens whose probabilities sum to >= top_p
+    seed: int = 1337
+    num_samples: int = 1
+    device: str = "auto"
+    use_cache: bool = True  # false: recompute the whole context at every step (slow, for checks)
+    prefer: str = "best"  # which checkpoint of a run: best or last
+    inspect: bool = False  # write every head's attention over the text to TensorBoard
+    logdir: str | None = None  # where inspect writes; default <run dir>/inspect/<timestamp>
+    top_words: int = 3  # inspect: earlier words listed per head for each pronoun
+    threads: int | str = "auto"  # torch intra-op threads; auto: the idle usable cores
+
+    def __post_init__(self):
+        integer("max_new_tokens", self.max_new_tokens, least=0)
+        if self.temperature != 0:
+            try:
+                number("temperature", self.temperature, low=MIN_TEMPERATURE)
+            except ConfigError:
+                raise bad("temperature", self.temperature, "must be 0 (greedy) or a finite "
+                          f"number >= {MIN_TEMPERATURE:g}") from None
+        integer("top_k", self.top_k, least=1, null="for no limit")
+        number("top_p", self.top_p, 0, 1, low_open=True, null="for no limit")
+        integer("seed", self.seed)
+        integer("num_samples", self.num_samples, least=1)
+        integer("top_words", self.top_words, least=1)
+        flag("use_cache", self.use_cache)
+        flag("inspect", self.inspect)
+        one_of("prefer", self.prefer, ("best", "last"))
+        if self.prompt and self.prompt_file:
+            raise ValueError("give either prompt= or prompt_file=, not both")
+        check_threads_setting("threads", self.threads)
+
+
+def _read_prompt(cfg: GenerateConfig) -> str:
+    """The prompt: prompt=, or the UTF-8 text of prompt_file=."""
+    if not cfg.prompt_file:
+        return cfg.prompt
+    path = Path(cfg.prompt_file)
+    if path.is_dir():
+        raise ValueError(f"prompt_file={path} is a directory; name a UTF-8 text file")
+    if not path.is_file():
+        raise FileNotFoundError(f"prompt_file {path} does not exist")
+    try:
+        return path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as err:
+        raise ValueError(f"prompt_file {path} is not UTF-8 text (byte {err.start}: "
+                         f"{err.reason})") from None
+
+
+def run_generate(cfg: GenerateConfig, out=None) -> list[str]:
+    """Load the checkpoint, stream num_samples continuations to `out`, optionally inspect them.
+
+    Returns the generated texts (without the prompt). Notes on loading and speed go to stderr; the
+    text, and with inspect=true the inspection's summary and where it went, to `out` (stdout).
+    """
+    cpu_sample = start_sample()
+    out = out or sys.stdout
+    if not cfg.checkpoint:
+        raise ValueError("checkpoint= is required: a run directory or a checkpoint directory")
+    device = resolve_device(cfg.device)
+    ckpt = load_checkpoint(cfg.checkpoint, device=device, prefer=cfg.prefer)
+    threads = apply_threads(cfg.threads, cpu_sample)
+    model, tokenizer = ckpt.model, ckpt.tokenizer
+    block_size = model.config.block_size
+    prompt = _read_prompt(cfg) or ""  # prompt=null reads as empty
+    prompt_ids, dropped = encode_prompt(tokenizer, prompt, block_size)
+    if dropped:
+        # the text the model actually reads, so the streamed output lines up with it
+        prompt = tokenizer.decode(prompt_ids)
+        print(f"note: the prompt has {len(prompt_ids) + dropped} tokens, more than "
+              f"block_size={block_size}; keeping its last {block_size} tokens", file=sys.stderr)
+    print(f"loaded {ckpt.directory} ({model.num_params() / 1e6:.2f}M parameters, "
+          f"block_size={block_size}) on {device}"
+          f"{f', {threads.describe()}' if device.type == 'cpu' else ''}", file=sys.stderr)
+
+    generator = torch.Generator(device=device).manual_seed(cfg.seed)
+    idx = torch.tensor([prompt_ids], dtype=torch.long, device=device)
+    texts = []
+    for i in range(cfg.num_samples):
+        if cfg.num_samples > 1:
+            print(f"--- sample {i + 1}/{cfg.num_samples} ---", file=out, flush=True)
+        print(prompt, end="", file=out, flush=True)
+        stream = StreamDecoder(tokenizer)
+        pieces: list[str] = []
+
+        def show(next_id: torch.Tensor, stream=stream, pieces=pieces) -> None:
+            token = int(next_id[0])
+            if token != tokenizer.eot_id:
+                pieces.append(stream.push(token))
+                print(pieces[-1], end="", file=out, flush=True)
+
+        start = time.perf_counter()
+        seq = generate(model, idx, cfg.max_new_tokens, cfg.temperature, cfg.top_k, cfg.top_p,
+                       generator, cfg.use_cache, stop_id=tokenizer.eot_id, on_token=show)
+        seconds = time.perf_counter() - start
+        pieces.append(stream.flush())
+        print(pieces[-1], file=out, flush=True)
+        n_new = seq.size(1) - idx.size(1)
+        stopped = n_new > 0 and int(seq[0, -1]) == tokenizer.eot_id
+        print(f"[{n_new} tokens in {seconds:.2f}s, {n_new / max(seconds, 1e-9):.0f} tokens/s"
+              f"{', stopped at <|endoftext|>' if stopped else ''}]", file=sys.stderr)
+        texts.append("".join(pieces))
+
+    if cfg.inspect:
+        # deliberately lazy: matplotlib and TensorBoard's writer cost a plain generate ~1 s
+        from tinylm.inspection_output import inspect_texts
+
+        logdir = Path(cfg.logdir) if cfg.logdir else default_logdir(ckpt.directory)
+        # the prompt as the user wrote it (an empty prompt's <|endoftext|> is not text)
+        inspect_texts(model, tokenizer, [prompt + text for text in texts], logdir,
+                      prompt_chars=len(prompt), top_words=cfg.top_words,
+                      meta={"checkpoint": str(ckpt.directory), **asdict(cfg)},
+                      out=lambda line: print(line, file=out, flush=True))
+        print(f"\nopen the attention maps with:\n  tensorboard --logdir {logdir}", file=out)
+    return texts
 
 
 @hydra.main(version_base="1.3", config_path=str(config_dir(register=False)), config_name="generate")
 def _generate(cfg: DictConfig) -> None:
     """Compose conf/generate.yaml and generate; bad inputs exit with one clear line."""
-    from tinylm.generate import run_generate
-
-    run_or_exit("tinylm-generate",
-                lambda: run_generate(_config(cfg)))
+    run_or_exit("tinylm-generate", lambda: run_generate(_config(cfg)))
 
 
-def _config(cfg: DictConfig):
+def _config(cfg: DictConfig) -> GenerateConfig:
     """GenerateConfig from the composed config: every value checked."""
-    from tinylm.config import to_dataclass
-    from tinylm.generate import GenerateConfig
-
     return to_dataclass(GenerateConfig, without_hydra(cfg), "generate")
 
 

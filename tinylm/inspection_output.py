@@ -1,0 +1,236 @@
+"""Writing one text's inspection: TensorBoard, PNG files, attention.npz, pronouns.md, inspect.json.
+
+tinylm-generate's `inspect=true` calls `inspect_texts`; tinylm.inspection captures and reads the
+attention, this module lays it out as markdown tables, console lines, JSON records and figures:
+
+    from tinylm.inspection_output import inspect_texts
+    inspect_texts(model, tokenizer, [text], "runs/inspect", out=print)   # out: progress lines
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import numpy as np
+from torch.utils.tensorboard import SummaryWriter
+
+from tinylm.inspection import (
+    QUERY_POSITIONS,
+    AttentionCapture,
+    HeadReading,
+    PronounReading,
+    capture_attention,
+    is_name,
+    read_pronouns,
+)
+from tinylm.plots import (
+    attention_grid_figure,
+    attention_head_figure,
+    label_step,
+    log_figure,
+    pronoun_bar_figure,
+)
+from tinylm.tensorboard_plugin.summary import write_attention
+
+# Long texts stay readable by labelling 1 token in k, so that an axis has at most this many labels
+# (pronouns are labelled in any case); the pictures always show every token.
+GRID_LABELS, HEAD_LABELS = 32, 64
+
+
+def _md(text: str) -> str:
+    """Escape text for TensorBoard's markdown (tables, emphasis, HTML)."""
+    text = re.sub(r"([\\`*_{}\[\]<>#|])", r"\\\1", text)
+    return text.replace("\n", " ")
+
+
+def query_label(capture: AttentionCapture, reading: PronounReading, position: str) -> str:
+    """Which token a position reads from, in words: "from '.' before 'She'", "from 'She'"."""
+    if position == "resolving":
+        return f"from {reading.pronoun!r}"
+    return f"from {capture.tokens[reading.positions[position].query]!r} before {reading.pronoun!r}"
+
+
+def pronoun_table(capture: AttentionCapture, reading: PronounReading) -> str:
+    """Markdown tables, deciding then resolving: one row per head, its top earlier words."""
+    words = capture.words
+    parts = [f"**{_md(reading.pronoun)}** (word {reading.word}, character {reading.char}): "
+             "attention to earlier words, summed over sub-word tokens; *name* in italics"]
+    for position, why in QUERY_POSITIONS.items():
+        if position in reading.skipped:
+            parts.append(f"{position}: skipped: {_md(reading.skipped[position])}")
+            continue
+        top = reading.positions[position].top
+        k = max(len(ws) for row in top for ws in row)
+        lines = [f"{position} ({_md(query_label(capture, reading, position))}: {why})", "",
+                 "| layer | head | " + " | ".join(f"top {i + 1}" for i in range(k)) + " |",
+                 "|---|---|" + "---|" * k]
+        for layer, row in enumerate(top):
+            for head, ranked in enumerate(row):
+                cells = []
+                for w, v in ranked:
+                    name = _md(words[w])
+                    if is_name(capture.text, capture.word_spans, w):
+                        name = f"*{name}*"
+                    cells.append(f"{name} {v:.2f}")
+                lines.append(f"| {layer} | {head} | " + " | ".join(cells) + " |")
+        parts.append("\n".join(lines))
+    return "\n\n".join(parts)
+
+
+def pronoun_summary(capture: AttentionCapture, readings: Sequence[PronounReading]) -> list[str]:
+    """Console lines per pronoun, deciding then resolving: the heads whose most-attended earlier
+    word is a name, or why a position was skipped."""
+    words = capture.words
+    n_heads = capture.weights.shape[0] * capture.weights.shape[1]
+    lines = []
+    for r in readings:
+        for position in QUERY_POSITIONS:
+            head = f"{r.pronoun!r} at character {r.char}, {position}"
+            if position in r.skipped:
+                lines.append(f"{head}: skipped: {r.skipped[position]}")
+                continue
+            found = sorted(r.positions[position].name_heads, key=lambda x: -x[3])
+            where = query_label(capture, r, position)
+            if found:
+                heads = ", ".join(f"L{layer}H{h} -> {words[w]} {v:.2f}"
+                                  for layer, h, w, v in found)
+                lines.append(f"{head} ({where}): {len(found)}/{n_heads} heads point at a name: "
+                             f"{heads}")
+            else:
+                lines.append(f"{head} ({where}): no head's top word is a name")
+    return lines
+
+
+def pronoun_records(capture: AttentionCapture, readings: Sequence[PronounReading]) -> list[dict]:
+    """The readings as JSON-ready records (inspect.json): words by text, names flagged."""
+    words = capture.words
+
+    def heads(reading: HeadReading) -> list[dict]:
+        return [{"layer": layer, "head": head,
+                 "top": [{"word": words[w], "word_index": w, "weight": v,
+                          "name": is_name(capture.text, capture.word_spans, w)}
+                         for w, v in ranked]}
+                for layer, row in enumerate(reading.top) for head, ranked in enumerate(row)]
+
+    return [{"pronoun": r.pronoun, "word_index": r.word, "char": r.char,
+             **{position: ({"query_token": r.positions[position].query,
+                            "query": capture.tokens[r.positions[position].query],
+                            "heads": heads(r.positions[position])}
+                           if position in r.positions else None)
+                for position in QUERY_POSITIONS},
+             "skipped": r.skipped} for r in readings]
+
+
+def tokens_table(capture: AttentionCapture) -> str:
+    """Markdown table of the tokens: position, id, token string, the word it belongs to."""
+    words = capture.words
+    lines = ["| position | id | token | word |", "|---|---|---|---|"]
+    for i, (token_id, token, w) in enumerate(zip(capture.ids, capture.tokens,
+                                                 capture.token_words, strict=True)):
+        lines.append(f"| {i} | {token_id} | {_md(repr(token))} | {_md(words[w]) if w >= 0 else ''}"
+                     " |")
+    return "\n".join(lines)
+
+
+def write_inspection(capture: AttentionCapture, logdir: str | Path, prompt_chars: int = 0,
+                     top_words: int = 3, meta: dict | None = None) -> list[str]:
+    """Write one text's attention to TensorBoard, PNG files, attention.npz, pronouns.md and
+    inspect.json (`meta` and the pronoun readings) in `logdir`.
+
+    TensorBoard tags: attention/layer_LL/all_heads, attention/layer_LL/head_HH (images),
+    pronouns/NN_<pronoun> (bar charts, deciding beside resolving, and markdown tables),
+    text/generated, text/tokens, pronouns/summary (text). PNG files mirror the image tags
+    (attention/layer_00/head_03.png). Returns the console summary lines.
+    """
+    logdir = Path(logdir)
+    logdir.mkdir(parents=True, exist_ok=True)
+    n_layer, n_head, t, _ = capture.weights.shape
+    readings = read_pronouns(capture, top_words)
+    pronoun_tokens = [i for i, w in enumerate(capture.token_words)
+                      if w in {r.word for r in readings}]
+    summary = pronoun_summary(capture, readings)
+    def labelled(max_labels: int) -> str:
+        step = label_step(t, max_labels)
+        return "every token" if step == 1 else f"1 token in {step}"
+
+    notes = [capture.window_note(),
+             f"heatmap labels: {labelled(GRID_LABELS)} on the all-heads maps, "
+             f"{labelled(HEAD_LABELS)} on the one-head maps; pronouns always, in red"]
+
+    writer = SummaryWriter(log_dir=str(logdir))
+    try:
+        write_attention(writer, "inspect", capture, 0)  # the "tinylm attention" tab
+        prompt, rest = capture.text[:prompt_chars].rstrip(), capture.text[prompt_chars:]
+        rest = capture.text[len(prompt):prompt_chars] + rest  # keep emphasis off trailing spaces
+        writer.add_text("text/generated", (f"**{_md(prompt)}**" if prompt.strip() else "")
+                        + _md(rest) + "\n\n(prompt in bold; " + "; ".join(notes) + ")", 0)
+        writer.add_text("text/tokens", tokens_table(capture), 0)
+        writer.add_text("pronouns/summary", "\n\n".join(summary) or "no pronouns in the text", 0)
+        for layer in range(n_layer):
+            fig = attention_grid_figure(capture.weights[layer], capture.tokens, f"layer {layer}",
+                                        GRID_LABELS, pronoun_tokens)
+            log_figure(writer, f"attention/layer_{layer:02d}/all_heads", fig, png_dir=logdir)
+            for head in range(n_head):
+                fig = attention_head_figure(capture.weights[layer, head], capture.tokens,
+                                            f"layer {layer} head {head}", HEAD_LABELS,
+                                            pronoun_tokens)
+                log_figure(writer, f"attention/layer_{layer:02d}/head_{head:02d}", fig,
+                           png_dir=logdir)
+        words = capture.words
+        for n, r in enumerate(readings):
+            tag = f"pronouns/{n:02d}_{r.pronoun}"
+            writer.add_text(tag, pronoun_table(capture, r), 0)
+            if not r.positions:
+                continue  # nothing earlier to look at: the table says why
+            panels = {f"{position}: {query_label(capture, r, position)}":
+                      [[[(words[w], v) for w, v in ranked] for ranked in row]
+                       for row in reading.top] for position, reading in r.positions.items()}
+            names = {words[w] for reading in r.positions.values() for row in reading.top
+                     for ranked in row for w, _ in ranked
+                     if is_name(capture.text, capture.word_spans, w)}
+            fig = pronoun_bar_figure(panels, f"{r.pronoun!r} at character {r.char}", names)
+            log_figure(writer, tag, fig, png_dir=logdir)
+    finally:
+        writer.close()
+
+    np.savez_compressed(
+        logdir / "attention.npz", weights=capture.weights, ids=np.array(capture.ids),
+        tokens=np.array(capture.tokens), offsets=np.array(capture.offsets).reshape(-1, 2),
+        word_spans=np.array(capture.word_spans).reshape(-1, 2),
+        token_words=np.array(capture.token_words), text=np.array(capture.text),
+        start=np.array(capture.start), n_text_tokens=np.array(capture.n_text_tokens))
+    (logdir / "pronouns.md").write_text(
+        "\n\n".join([*summary, *(pronoun_table(capture, r) for r in readings)]) + "\n")
+    record = {**(meta or {}), "pronouns": pronoun_records(capture, readings)}
+    (logdir / "inspect.json").write_text(json.dumps(record, indent=2, default=str) + "\n")
+    return notes + summary
+
+
+def inspect_texts(model, tokenizer, texts: Sequence[str], logdir: str | Path,
+                  prompt_chars: int = 0, top_words: int = 3, meta: dict | None = None,
+                  out: Callable[[str], None] | None = None) -> list[Path]:
+    """Capture and write each text's attention (several texts: one TensorBoard run each).
+
+    `out` (e.g. print) gets the progress and summary lines, one call per line; None: silent. Let
+    it flush: the figures take a while to draw after each "writing ..." line.
+    """
+    say = out or (lambda line: None)
+    logdir = Path(logdir)
+    dirs = []
+    for i, text in enumerate(texts):
+        target = logdir if len(texts) == 1 else logdir / f"sample_{i + 1}"
+        if not text:
+            say(f"\nnothing to inspect in sample {i + 1}: the text is empty")
+            continue
+        # drawing takes a while (about a second per figure): say what is going on
+        which = "the text" if len(texts) == 1 else f"sample {i + 1}"
+        say(f"\nwriting the attention of {which} to {target} ...")
+        lines = write_inspection(capture_attention(model, tokenizer, text), target,
+                                 prompt_chars, top_words, meta)
+        for line in lines:
+            say(f"  {line}")
+        dirs.append(target)
+    return dirs
