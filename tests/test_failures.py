@@ -18,22 +18,18 @@ import torch
 from helpers import run_config, save_run
 
 import tinylm.checkpoint
-from tinylm.checkpoint import (
-    RunDirInUse,
-    load_checkpoint,
-    load_trainer_state,
-    resolve_checkpoint_dir,
-    save_checkpoint,
-)
+from tinylm.checkpoint import RunDirInUse, load_checkpoint, resolve_checkpoint_dir, save_checkpoint
 from tinylm.cli import run_or_exit
 from tinylm.cli.generate import GenerateConfig, run_generate
 from tinylm.cli.probe import ProbeConfig, run_probe
 from tinylm.data import check_enough_tokens
 from tinylm.generate import generate
 from tinylm.probe_items import ProbeFileError, load_probe_file
+from tinylm.resume import TRAINER_STATE_KEYS, load_trainer_state
+from tinylm.runtime import StoppedAgain
 from tinylm.sources import resolve_files
 from tinylm.tokenizer import CharTokenizer, load_tokenizer
-from tinylm.train import StoppedAgain, Trainer, TrainingDiverged, train
+from tinylm.train import Trainer, TrainingDiverged, train
 
 TEXT = "Lily saw a cat. She was happy. Tom saw a dog. He was sad."
 
@@ -189,7 +185,7 @@ def test_a_broken_or_hostile_trainer_state_is_refused_naming_the_file(
         saved_run, write, message, capfd):
     ckpt = load_checkpoint(saved_run)
     save_checkpoint(saved_run, ckpt.model, ckpt.tokenizer, {}, step=2,
-                    trainer_state={k: 0 for k in tinylm.checkpoint.TRAINER_STATE_KEYS})
+                    trainer_state={k: 0 for k in TRAINER_STATE_KEYS})
     state = resolve_checkpoint_dir(saved_run, "last") / "trainer_state.pt"
     write(state)
     with pytest.raises(ValueError) as refused:

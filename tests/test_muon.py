@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from tinylm.muon import MuonWithAdamW
-from tinylm.train import OptimConfig, configure_optimizer, lr_at
+from tinylm.optim import OptimConfig, configure_optimizer, lr_at
 
 
 @pytest.fixture

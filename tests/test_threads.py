@@ -11,7 +11,7 @@ import tinylm.threads
 from tinylm.cli.generate import GenerateConfig
 from tinylm.config import ConfigError
 from tinylm.threads import apply_threads, busy_cpus, choose_threads, usable_cpus
-from tinylm.train import TrainConfig
+from tinylm.train_config import TrainConfig
 
 
 @pytest.fixture

@@ -25,16 +25,10 @@ from tinylm.cli import check_command_line
 from tinylm.cli.train import build_run_config
 from tinylm.config import ConfigError, config_dir, project_root
 from tinylm.data import BatchSampler, prepare_data
-from tinylm.train import (
-    OptimConfig,
-    RunConfig,
-    TrainingDiverged,
-    TrainingInterrupted,
-    configure_optimizer,
-    evaluate,
-    lr_at,
-    train,
-)
+from tinylm.optim import OptimConfig, configure_optimizer, lr_at
+from tinylm.runtime import TrainingInterrupted
+from tinylm.train import TrainingDiverged, train, validation_loss
+from tinylm.train_config import RunConfig
 
 
 def scalars(run_dir, tag):
@@ -125,7 +119,7 @@ def test_short_run_lowers_the_loss_and_writes_a_loadable_checkpoint(trained_run)
     run = RunConfig.from_config(ckpt.run_config, run_dir)
     prepared = prepare_data(run.data, run.tokenizer, log=lambda _: None)
     val_ids = np.memmap(prepared.val_path, dtype=prepared.meta["dtype"], mode="r")
-    val_loss = evaluate(ckpt.model, val_ids, run.train, 32, torch.device("cpu"))
+    val_loss = validation_loss(ckpt.model, val_ids, run.train, 32, torch.device("cpu"))
     assert val_loss == pytest.approx(metrics["val_loss"], abs=1e-6)
 
 

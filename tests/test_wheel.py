@@ -16,7 +16,7 @@ pytestmark = pytest.mark.slow
 COMPOSE = """
 from hydra import compose, initialize_config_dir
 import tinylm.config
-from tinylm.train import RunConfig
+from tinylm.train_config import RunConfig
 conf = tinylm.config.config_dir()
 with initialize_config_dir(config_dir=str(conf), version_base="1.3"):
     cfg = compose("config", ["experiment=shakespeare_char", "train.max_steps=7"])

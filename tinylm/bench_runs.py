@@ -29,8 +29,9 @@ from tinylm.bench import Ratio, Row, Section, Timing
 from tinylm.bench_train import training_step
 from tinylm.generate import generate
 from tinylm.model import ModelConfig, TinyLM
+from tinylm.optim import OptimConfig
+from tinylm.runtime import resolve_precision
 from tinylm.threads import choose_threads
-from tinylm.train import OptimConfig, resolve_precision
 
 if TYPE_CHECKING:  # the command's configs; importing them at run time would be circular
     from tinylm.cli.bench import EndToEndBenchConfig, LoadBenchConfig

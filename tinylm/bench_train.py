@@ -17,7 +17,7 @@ from torch import nn
 
 from tinylm.bench import Ratio, Row, Section, Timing, gpt2_like
 from tinylm.model import ModelConfig, TinyLM
-from tinylm.train import OptimConfig, configure_optimizer
+from tinylm.optim import OptimConfig, configure_optimizer
 
 if TYPE_CHECKING:  # the command's config; importing it at run time would be circular
     from tinylm.cli.bench import TrainBenchConfig
@@ -28,7 +28,7 @@ PRECISION = {"fp32": torch.float32, "bf16": torch.bfloat16}
 def training_step(model: nn.Module, optim: OptimConfig, x: torch.Tensor, y: torch.Tensor,
                   precision: str, compiled: bool = False) -> Callable[[], None]:
     """One training step of `model` on (x, y) as a function: forward, loss, backward, clipping,
-    the optimizer of tinylm.train.configure_optimizer."""
+    the optimizer of tinylm.optim.configure_optimizer."""
     model.train()
     optimizer = configure_optimizer(model, optim)
     forward = torch.compile(model) if compiled else model
@@ -156,7 +156,7 @@ def bench_train(model_cfg: ModelConfig, optim: OptimConfig, cfg: TrainBenchConfi
         "train", list(rows.values()), ratios,
         [f"B={B} T={T} n_layer={model_cfg.n_layer} n_head={model_cfg.n_head} "
          f"n_embd={model_cfg.n_embd} vocab={model_cfg.vocab_size}, random tokens; a step is "
-         "forward, loss, backward, clip_grad_norm_, AdamW step from tinylm.train."
+         "forward, loss, backward, clip_grad_norm_, AdamW step from tinylm.optim."
          f"configure_optimizer (optim: lr={optim.lr}, weight_decay={optim.weight_decay}, "
          f"grad_clip={optim.grad_clip}) for every model; bf16 = torch.autocast(bf16); "
          "compiled = torch.compile(model), default mode, compiled before any timing",

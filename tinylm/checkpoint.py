@@ -36,10 +36,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import safetensors.torch
 import torch
 import yaml
+from filelock import FileLock, Timeout
+from safetensors import SafetensorError, safe_open
 
 from tinylm.model import ModelConfig, TinyLM
+from tinylm.tokenizer import load_tokenizer
 
 CHECKPOINTS_DIR = "checkpoints"
 WEIGHTS_FILE = "model.safetensors"
@@ -124,8 +128,6 @@ def run_dir_lock(run_dir: str | Path) -> Iterator[None]:
     """Hold `run_dir`'s lock while writing it: a second process is refused (RunDirInUse, naming
     the holder's pid). The OS drops the lock when its holder dies, even by kill -9, so a crashed
     run never blocks its resume; what the dead writer left half-written is removed here."""
-    from filelock import FileLock, Timeout
-
     run_dir = Path(run_dir)
     created = not run_dir.exists()
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -178,8 +180,6 @@ def save_checkpoint(
     tags: tuple[str, ...] = ("last",),
 ) -> Path:
     """Write a complete checkpoint for `step` and point each tag ("last", "best") at it."""
-    from safetensors.torch import save_model
-
     for tag in tags:
         if tag not in TAGS:
             raise ValueError(f"checkpoint tag {tag!r} is not allowed; allowed: {', '.join(TAGS)}")
@@ -197,7 +197,8 @@ def save_checkpoint(
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
     try:
-        save_model(model, str(tmp / WEIGHTS_FILE))  # handles the tied embedding / LM head
+        # save_model (not save_file) handles the tied embedding / LM head
+        safetensors.torch.save_model(model, str(tmp / WEIGHTS_FILE))
         (tmp / MODEL_CONFIG_FILE).write_text(json.dumps(model.config.to_dict(), indent=2) + "\n")
         (tmp / RUN_CONFIG_FILE).write_text(yaml.safe_dump(run_config, sort_keys=False))
         tokenizer.save(str(tmp / TOKENIZER_FILE))
@@ -256,37 +257,8 @@ def resolve_checkpoint_dir(path: str | Path, prefer: str = "best") -> Path:
         f"{path / CHECKPOINTS_DIR}/best or {path / CHECKPOINTS_DIR}/last")
 
 
-TRAINER_STATE_KEYS = ("step", "best_val_loss", "tokens_seen", "world_size", "optimizer", "scaler",
-                      "sampler", "rng_cpu", "rng_cuda")
-
-
-def load_trainer_state(file: Path) -> dict:
-    """trainer_state.pt as saved by training; anything else is refused in one line naming it.
-
-    Only tensors and plain containers load (weights_only): a pickle that would run code is
-    refused, and PyTorch's hint to retry with weights_only=False is never passed on.
-    """
-    import pickle
-
-    not_ours = f"{file} is not a tinylm trainer state"
-    try:
-        state = torch.load(file, map_location="cpu", weights_only=True)
-    except pickle.UnpicklingError:  # objects other than tensors and containers
-        raise ValueError(f"{not_ours}: it holds objects that only an unsafe load could build; "
-                         "it was not loaded") from None
-    except (OSError, RuntimeError, EOFError, ValueError) as err:
-        raise ValueError(f"{not_ours}: it cannot be read (truncated or corrupt: "
-                         f"{type(err).__name__})") from None
-    missing = [k for k in TRAINER_STATE_KEYS if not isinstance(state, dict) or k not in state]
-    if missing:
-        raise ValueError(f"{not_ours}: it lacks {', '.join(missing)}")
-    return state
-
-
 def _read_model_config(file: Path, weights: Path) -> ModelConfig:
     """The model config, checked against the weights file before any memory is allocated."""
-    from safetensors import SafetensorError, safe_open
-
     try:
         values = json.loads(file.read_text(encoding="utf-8"))
         config = ModelConfig(**values)
@@ -316,17 +288,12 @@ def _read_model_config(file: Path, weights: Path) -> ModelConfig:
 def load_checkpoint(path: str | Path, device: str | torch.device = "cpu",
                     prefer: str = "best") -> Checkpoint:
     """Rebuild model and tokenizer from a checkpoint (see resolve_checkpoint_dir for `path`)."""
-    from safetensors import SafetensorError
-    from safetensors.torch import load_model
-
-    from tinylm.tokenizer import load_tokenizer
-
     directory = resolve_checkpoint_dir(path, prefer)
     weights = directory / WEIGHTS_FILE
     config = _read_model_config(directory / MODEL_CONFIG_FILE, weights)
     model = TinyLM(config)
     try:
-        load_model(model, str(weights), strict=True)
+        safetensors.torch.load_model(model, str(weights), strict=True)
     except (SafetensorError, RuntimeError, OSError) as err:
         raise ValueError(f"{weights} cannot be loaded into the model that "
                          f"{directory / MODEL_CONFIG_FILE} describes (truncated or mismatched?):"

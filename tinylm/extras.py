@@ -33,6 +33,8 @@ from concurrent.futures import Executor, Future, ProcessPoolExecutor, ThreadPool
 from concurrent.futures.process import BrokenProcessPool
 
 import numpy as np
+from PIL import Image
+from tensorboard.compat.proto.summary_pb2 import Summary
 
 log = logging.getLogger(__name__)
 
@@ -104,8 +106,6 @@ class Extras:
 
     def _write(self, writer, step: int, walltime: float, done: Future, extra: Callable,
                args: tuple) -> None:
-        from tensorboard.compat.proto.summary_pb2 import Summary
-
         try:
             summaries = done.result()
         except BrokenProcessPool:
@@ -128,9 +128,6 @@ class Extras:
 def image_summary(tag: str, image: np.ndarray) -> bytes:
     """A serialized TensorBoard image Summary of an RGB uint8 array (H, W, 3): the bytes that
     SummaryWriter.add_image(tag, image, dataformats="HWC") writes."""
-    from PIL import Image
-    from tensorboard.compat.proto.summary_pb2 import Summary
-
     height, width, channels = image.shape
     png = io.BytesIO()
     Image.fromarray(image).save(png, format="PNG")
@@ -141,6 +138,7 @@ def image_summary(tag: str, image: np.ndarray) -> bytes:
 
 def attention_grid_summaries(weights: np.ndarray, tokens: list[str], step: int) -> list[bytes]:
     """`attention/layer_NN`: every head of each layer; weights (n_layer, n_head, T, T)."""
+    # matplotlib (~0.6 s to import) loads where figures are drawn: the helper, not training
     from tinylm.plots import attention_grid_figure, figure_to_image
 
     return [image_summary(f"attention/layer_{layer:02d}", figure_to_image(
@@ -151,6 +149,7 @@ def attention_grid_summaries(weights: np.ndarray, tokens: list[str], step: int) 
 def layer_head_summaries(tag: str, values: np.ndarray, title: str, label: str,
                          step: int) -> list[bytes]:
     """`tag`: a (n_layer, n_head) table of per-head numbers as a heatmap."""
+    # matplotlib (~0.6 s to import) loads where figures are drawn: the helper, not training
     from tinylm.plots import figure_to_image, layer_head_heatmap
 
     return [image_summary(tag, figure_to_image(layer_head_heatmap(values, title, label)))]

@@ -45,13 +45,10 @@ class MuonWithAdamW:
         self.adamw.load_state_dict(state["adamw"])
 
 
-def muon_with_adamw(matrices: list[nn.Parameter], others: list[nn.Parameter],
-                    optim) -> MuonWithAdamW:
-    """Muon over `matrices` (decayed), AdamW over `others` (not decayed), from an OptimConfig."""
-    from tinylm.train import adamw
-
-    muon = torch.optim.Muon(
+def muon(matrices: list[nn.Parameter], optim) -> torch.optim.Muon:
+    """Muon over `matrices` (decayed) from an OptimConfig; its group's `lr_scale` makes the
+    schedule reach muon_lr where AdamW's groups reach lr."""
+    return torch.optim.Muon(
         [{"params": matrices, "lr_scale": optim.muon_lr / optim.lr if optim.lr else 1.0}],
         lr=optim.muon_lr, weight_decay=optim.weight_decay, momentum=optim.muon_momentum,
         nesterov=True)
-    return MuonWithAdamW(muon, adamw([{"params": others, "weight_decay": 0.0}], optim))

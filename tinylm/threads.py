@@ -128,6 +128,7 @@ def choose_threads(setting: int | str, since: CpuSample | None = None) -> Thread
 
 def apply_threads(setting: int | str, since: CpuSample | None = None) -> ThreadChoice:
     """Choose the intra-op thread count for `setting` and give it to torch."""
+    # the commands import this module before torch, to watch the cores while torch loads
     import torch
 
     choice = choose_threads(setting, since)

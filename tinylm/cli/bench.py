@@ -35,9 +35,9 @@ from tinylm.cli import check_command_line_or_exit, run_or_exit, without_hydra
 from tinylm.config import config_dir, integer, one_of, to_dataclass
 from tinylm.data import DataConfig
 from tinylm.model import ModelConfig
+from tinylm.optim import OptimConfig
 from tinylm.tables import columns
 from tinylm.tokenizer import TokenizerConfig
-from tinylm.train import OptimConfig
 
 SECTIONS = ("attention", "train", "generate", "inspect", "data", "load", "endtoend")
 

@@ -21,20 +21,24 @@ import signal
 import sys
 
 import hydra
+from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
 from tinylm.cli import check_command_line_or_exit, run_or_exit
 from tinylm.config import config_dir
+from tinylm.sources import HubError
 
+# torch and the training modules are imported inside the functions (marked "lazy"): the helper
+# process that draws the figures is spawned, imports this module again, and so stays free of torch
 PROG = "tinylm-train"
 
 
 def _share_run_dir_across_ranks(cfg: DictConfig) -> None:
     """Under torchrun, make every rank use rank 0's hydra.run.dir (${now:...} may differ by a
     second between ranks), and keep logs and .hydra/ to rank 0."""
-    import torch.distributed as dist
+    import torch.distributed as dist  # lazy
 
-    from tinylm.train import init_distributed
+    from tinylm.runtime import init_distributed
 
     rank, _, world_size = init_distributed()
     if world_size == 1:
@@ -49,11 +53,10 @@ def _share_run_dir_across_ranks(cfg: DictConfig) -> None:
 @hydra.main(version_base="1.3", config_path=str(config_dir(register=False)), config_name="config")
 def _train(cfg: DictConfig) -> float | None:
     """Turn the composed config into dataclasses and train; the return value feeds sweepers."""
-    from hydra.core.hydra_config import HydraConfig
-
-    from tinylm.checkpoint import CheckpointNotWritten
-    from tinylm.sources import HubError
-    from tinylm.train import RunConfig, TrainingDiverged, TrainingInterrupted, train
+    from tinylm.checkpoint import CheckpointNotWritten  # lazy
+    from tinylm.runtime import TrainingInterrupted
+    from tinylm.train import TrainingDiverged, train
+    from tinylm.train_config import RunConfig
 
     run_cfg = run_or_exit(PROG, lambda: RunConfig.from_config(
         cfg, HydraConfig.get().runtime.output_dir))
@@ -92,7 +95,7 @@ def _print_next_steps(metrics: dict, run_cfg) -> None:
 
 def build_run_config(cfg: DictConfig) -> None:
     """Every dataclass of a run from the composed config: checks every value."""
-    from tinylm.train import RunConfig
+    from tinylm.train_config import RunConfig  # lazy
 
     RunConfig.from_config({k: v for k, v in cfg.items() if k != "hydra"}, ".")
 
@@ -105,7 +108,7 @@ def main() -> None:
     try:
         run_or_exit(PROG, _train, errors=())  # a Ctrl-C while starting: 130
     finally:
-        import torch.distributed as dist
+        import torch.distributed as dist  # lazy
 
         if dist.is_available() and dist.is_initialized():
             dist.destroy_process_group()

@@ -1,0 +1,99 @@
+"""The optimizer and its schedule: AdamW (or Muon for the blocks' matrices, see tinylm/muon.py)
+with weight decay on Linear matrices only, a linear warmup and a cosine decay to min_lr.
+
+    optimizer = configure_optimizer(model, OptimConfig())     # conf/optim/adamw.yaml
+    for group in optimizer.param_groups:                      # before each step
+        group["lr"] = lr_at(step, optim, max_steps) * group.get("lr_scale", 1.0)
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from tinylm.config import bad, integer, number, one_of
+from tinylm.muon import MuonWithAdamW, muon
+
+OPTIMIZERS = ("adamw", "muon")
+
+
+@dataclass
+class OptimConfig:
+    """The optimizer (AdamW, or Muon + AdamW) and its learning-rate schedule; schema of
+    conf/optim/*.yaml (defaults: here only)."""
+
+    name: str = "adamw"  # adamw | muon (Muon for the blocks' matrices, AdamW for the rest)
+    lr: float = 2e-3  # peak learning rate, reached after warmup_steps
+    min_lr: float = 1e-4  # where the cosine ends
+    warmup_steps: int = 100
+    lr_decay_steps: int | None = None  # None: train.max_steps
+    weight_decay: float = 0.1  # on Linear matrices only
+    beta1: float = 0.9
+    beta2: float = 0.99
+    grad_clip: float = 1.0  # max global gradient norm; 0 = no clipping
+    muon_lr: float = 0.02  # optim=muon: peak learning rate of the matrices (scheduled like lr)
+    muon_momentum: float = 0.95  # optim=muon: momentum of the matrices' updates (Nesterov)
+
+    def __post_init__(self):
+        one_of("optim.name", self.name, OPTIMIZERS)
+        for key in ("lr", "min_lr", "weight_decay", "grad_clip", "muon_lr"):
+            number(f"optim.{key}", getattr(self, key), low=0)
+        number("optim.muon_momentum", self.muon_momentum, 0, 1, high_open=True)
+        if self.min_lr > self.lr:
+            raise bad("optim.min_lr", self.min_lr, f"must be <= optim.lr={self.lr}")
+        for key in ("beta1", "beta2"):
+            number(f"optim.{key}", getattr(self, key), 0, 1, high_open=True)
+        integer("optim.warmup_steps", self.warmup_steps, least=0)
+        integer("optim.lr_decay_steps", self.lr_decay_steps, least=1, null="for train.max_steps")
+
+
+def lr_at(step: int, optim: OptimConfig, max_steps: int) -> float:
+    """Learning rate for optimizer step `step` (0-based): linear warmup, then cosine to min_lr."""
+    decay_steps = optim.lr_decay_steps or max_steps
+    if step < optim.warmup_steps:
+        # (step + 1) so that the very first step already moves the weights
+        return optim.lr * (step + 1) / (optim.warmup_steps + 1)
+    if step >= decay_steps:
+        return optim.min_lr
+    progress = (step - optim.warmup_steps) / max(1, decay_steps - optim.warmup_steps)
+    return optim.min_lr + 0.5 * (1.0 + math.cos(math.pi * progress)) * (optim.lr - optim.min_lr)
+
+
+def split_parameters(model: nn.Module) -> tuple[list[nn.Parameter], list[nn.Parameter]]:
+    """(the matrices of Linear layers, everything else: embeddings, norms, biases).
+
+    The tied LM head appears once, as the token embedding.
+    """
+    embeddings = {id(m.weight) for m in model.modules() if isinstance(m, nn.Embedding)}
+    matrices, others = [], []
+    for p in model.parameters():
+        (matrices if p.dim() == 2 and id(p) not in embeddings else others).append(p)
+    return matrices, others
+
+
+def configure_optimizer(model: nn.Module, optim: OptimConfig):
+    """AdamW with weight decay on Linear matrices only (optim.name=muon: Muon for those
+    matrices, see tinylm/muon.py); norms, biases, embeddings are not decayed.
+
+    Decay pulls weights toward 0; for a norm's gain or a bias that is not a sensible prior, and
+    the token embedding (shared with the LM head) holds rare tokens that get few gradient updates
+    and would shrink toward nothing.
+    """
+    matrices, others = split_parameters(model)
+    if optim.name == "muon":
+        return MuonWithAdamW(muon(matrices, optim),
+                             adamw([{"params": others, "weight_decay": 0.0}], optim))
+    groups = [{"params": matrices, "weight_decay": optim.weight_decay},
+              {"params": others, "weight_decay": 0.0}]
+    return adamw(groups, optim)
+
+
+def adamw(groups: list[dict], optim: OptimConfig) -> torch.optim.AdamW:
+    """torch's AdamW over `groups` with optim's lr and betas, fused where PyTorch has it."""
+    # fused: one kernel for all parameters instead of a dozen passes over them, ~7x faster on
+    # a CPU for the default model (3.6 -> 0.5 ms a step), where PyTorch has it (CPU, CUDA)
+    fused = all(p.device.type in ("cpu", "cuda") for g in groups for p in g["params"])
+    return torch.optim.AdamW(groups, lr=optim.lr, betas=(optim.beta1, optim.beta2), fused=fused)

@@ -1,0 +1,193 @@
+"""Continuing a run: which checkpoint train.resume means, whether it fits this run, and the
+trainer state saved beside the weights (trainer_state.pt) and restored from it.
+
+The trainer state holds what an uninterrupted run would still have in memory: the optimizer and
+gradient-scaler states, the step, the best validation loss, the tokens seen, and for each
+process (rank) its batch sampler, its RNG states and its thread count. So on CPU a run that is
+stopped and resumed continues bit for bit.
+
+    directory = checkpoint_to_resume(run_dir, train.resume)      # None: a fresh run
+    ranks = gather(RankState.capture(sampler, device, threads), world_size)   # every rank's part
+    state = trainer_state(step, best_val, tokens_seen, optimizer, scaler, ranks)  # to save
+    state = restore(directory, run_config, tokenizer_file, model, optimizer, scaler)  # to resume
+    RankState.of(state, rank).restore(sampler, device)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import pickle
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from tinylm.checkpoint import (
+    CHECKPOINTS_DIR,
+    TAGS,
+    TOKENIZER_FILE,
+    TRAINER_STATE_FILE,
+    Checkpoint,
+    load_checkpoint,
+    resolve_checkpoint_dir,
+)
+from tinylm.config import ConfigError
+from tinylm.data import BatchSampler
+from tinylm.threads import ThreadChoice
+
+TRAINER_STATE_KEYS = ("step", "best_val_loss", "tokens_seen", "world_size", "optimizer", "scaler",
+                      "sampler", "rng_cpu", "rng_cuda")
+
+
+def checkpoint_to_resume(run_dir: Path, resume: bool | str) -> Path | None:
+    """Which checkpoint train.resume means; refuses to start a fresh run over an old one."""
+    checkpoints = run_dir / CHECKPOINTS_DIR
+    has_checkpoints = any((checkpoints / tag).exists() for tag in TAGS)
+    if resume is False:
+        if has_checkpoints:
+            raise ConfigError(f"{run_dir} already holds checkpoints ({checkpoints}); continue "
+                              f"that run with train.resume=true hydra.run.dir={run_dir}, or "
+                              "start a new one in another hydra.run.dir")
+        return None
+    if resume is True:
+        if not has_checkpoints:
+            raise ConfigError(f"train.resume=true but {run_dir} holds no checkpoint; point "
+                              "hydra.run.dir at the run to continue, or pass "
+                              "train.resume=<checkpoint or run dir>")
+        return resolve_checkpoint_dir(run_dir, prefer="last")
+    try:
+        directory = resolve_checkpoint_dir(resume, prefer="last")
+    except FileNotFoundError as err:
+        raise ConfigError(f"train.resume={resume}: {err}") from None
+    if has_checkpoints and not directory.resolve().is_relative_to(run_dir.resolve()):
+        raise ConfigError(f"{run_dir} already holds checkpoints of another run; resume "
+                          f"{resume} into a new hydra.run.dir")
+    return directory
+
+
+def check_resume_matches(ckpt: Checkpoint, run_config: dict, tokenizer_file: Path) -> None:
+    """Refuse a checkpoint of another model shape, optimizer or tokenizer, saying what differs.
+
+    `run_config` is this run's (RunConfig.to_dict(), its vocab_size resolved); dropout is not
+    part of the shape: a run may continue with another dropout.
+    """
+    model, saved_tok = run_config["model"], ckpt.run_config.get("tokenizer", {})
+    differences = [f"model.{k}: checkpoint {v!r}, this run {model[k]!r}"
+                   for k, v in dataclasses.asdict(ckpt.config).items()
+                   if k != "dropout" and model[k] != v]
+    saved_optimizer = ckpt.run_config.get("optim", {}).get("name", "adamw")
+    if saved_optimizer != run_config["optim"]["name"]:  # their states do not fit each other
+        differences.append(f"optim.name: checkpoint {saved_optimizer!r}, this run "
+                           f"{run_config['optim']['name']!r}")
+    differences += [f"tokenizer.{k}: checkpoint {saved_tok[k]!r}, this run {v!r}"
+                    for k, v in run_config["tokenizer"].items()
+                    if k in saved_tok and saved_tok[k] != v]
+    if not differences and (ckpt.directory / TOKENIZER_FILE).read_bytes() != \
+            tokenizer_file.read_bytes():
+        differences.append(f"tokenizer: {ckpt.directory / TOKENIZER_FILE} differs from this "
+                           f"run's {tokenizer_file} (was data.* changed?)")
+    if differences:
+        raise ConfigError(f"cannot resume from {ckpt.directory}: it does not match this run's "
+                          f"config: {'; '.join(differences)}")
+    if not (ckpt.directory / TRAINER_STATE_FILE).is_file():
+        raise ConfigError(f"cannot resume from {ckpt.directory}: it has no {TRAINER_STATE_FILE}")
+
+
+@dataclass
+class RankState:
+    """One process's part of the trainer state: where its batches stand, its RNGs, its threads."""
+
+    sampler: dict
+    rng_cpu: torch.Tensor
+    rng_cuda: torch.Tensor | None  # None off CUDA
+    threads: int | None  # None in a trainer state saved before the count was
+
+    @classmethod
+    def capture(cls, sampler: BatchSampler, device: torch.device, threads: int) -> RankState:
+        """This process's part now."""
+        on_cuda = device.type == "cuda"
+        return cls(sampler.state_dict(), torch.get_rng_state(),
+                   torch.cuda.get_rng_state(device) if on_cuda else None, threads)
+
+    @classmethod
+    def of(cls, state: dict, rank: int) -> RankState:
+        """Rank `rank`'s part of a loaded trainer state."""
+        return cls(state["sampler"][rank], state["rng_cpu"][rank],
+                   state["rng_cuda"][rank] if state["rng_cuda"] else None,
+                   int(state["threads"][rank]) if state.get("threads") else None)
+
+    def restore(self, sampler: BatchSampler, device: torch.device) -> None:
+        """Continue the batches and the random streams where they stood."""
+        sampler.load_state_dict(self.sampler)
+        torch.set_rng_state(self.rng_cpu)
+        if device.type == "cuda" and self.rng_cuda is not None:
+            torch.cuda.set_rng_state(self.rng_cuda, device)
+
+
+def trainer_state(step: int, best_val_loss: float, tokens_seen: int, optimizer, scaler,
+                  ranks: list[RankState]) -> dict:
+    """What trainer_state.pt holds: the shared state, and each rank's part in rank order."""
+    on_cuda = ranks[0].rng_cuda is not None
+    return {"step": step, "best_val_loss": best_val_loss, "tokens_seen": tokens_seen,
+            "world_size": len(ranks), "optimizer": optimizer.state_dict(),
+            "scaler": scaler.state_dict(), "sampler": [r.sampler for r in ranks],
+            "rng_cpu": [r.rng_cpu for r in ranks],
+            "rng_cuda": [r.rng_cuda for r in ranks] if on_cuda else None,
+            "threads": [r.threads for r in ranks]}
+
+
+def load_trainer_state(file: Path) -> dict:
+    """trainer_state.pt as saved by training; anything else is refused in one line naming it.
+
+    Only tensors and plain containers load (weights_only): a pickle that would run code is
+    refused, and PyTorch's hint to retry with weights_only=False is never passed on.
+    """
+    not_ours = f"{file} is not a tinylm trainer state"
+    try:
+        state = torch.load(file, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError:  # objects other than tensors and containers
+        raise ValueError(f"{not_ours}: it holds objects that only an unsafe load could build; "
+                         "it was not loaded") from None
+    except (OSError, RuntimeError, EOFError, ValueError) as err:
+        raise ValueError(f"{not_ours}: it cannot be read (truncated or corrupt: "
+                         f"{type(err).__name__})") from None
+    missing = [k for k in TRAINER_STATE_KEYS if not isinstance(state, dict) or k not in state]
+    if missing:
+        raise ValueError(f"{not_ours}: it lacks {', '.join(missing)}")
+    return state
+
+
+def restore(directory: Path, run_config: dict, tokenizer_file: Path, model: torch.nn.Module,
+            optimizer, scaler) -> dict:
+    """Load `directory`'s weights into `model` and its optimizer and scaler states into
+    `optimizer` and `scaler`, once it is checked to fit this run; returns the trainer state."""
+    ckpt = load_checkpoint(directory, device="cpu")
+    check_resume_matches(ckpt, run_config, tokenizer_file)
+    model.load_state_dict(ckpt.model.state_dict())
+    state = load_trainer_state(ckpt.trainer_state_path)
+    try:
+        optimizer.load_state_dict(state["optimizer"])
+        scaler.load_state_dict(state["scaler"])
+    except (ValueError, KeyError, TypeError, RuntimeError) as err:
+        raise ValueError(f"{ckpt.trainer_state_path} does not fit this run's optimizer: "
+                         f"{str(err).splitlines()[0]}") from None
+    return state
+
+
+def resumed_threads(setting: int | str, chosen: ThreadChoice, saved: int | None,
+                    warn: Callable[[str], None]) -> ThreadChoice:
+    """The thread count of a resumed run. threads=auto: the count the run started with (saved
+    in its trainer state), not a new choice, so that the resumed steps compute as the first
+    run's did; a number is used as it is (`warn` says so if it differs). Nothing saved (a state
+    older than the count): this start's choice."""
+    if saved is None:
+        return chosen
+    if setting == "auto":
+        torch.set_num_threads(saved)
+        return ThreadChoice(saved, "resumed run's count")
+    if saved != chosen.threads:
+        warn(f"resuming with train.threads={chosen.threads}, the checkpoint was trained with "
+             f"{saved}: the losses and weights may then differ in the last digits from those "
+             "of an uninterrupted run")
+    return chosen

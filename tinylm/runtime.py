@@ -1,0 +1,145 @@
+"""Where and how a training process runs: the process group under torchrun, the autocast
+precision, this machine's matmul rate (for MFU), and Ctrl-C / SIGTERM turned into a clean stop.
+
+    rank, local_rank, world_size = init_distributed()   # (0, 0, 1) without torchrun
+    dtype = resolve_precision("auto", device)           # bf16, fp16 or fp32
+    with StopSignals() as stop:                         # stop.signum: set by the first signal
+        ...
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import signal
+import threading
+import time
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from tinylm.config import bad
+
+PRECISIONS = ("auto", "fp32", "bf16", "fp16")
+
+
+class TrainingInterrupted(Exception):
+    """Ctrl-C or SIGTERM stopped the run after a checkpoint was saved."""
+
+    def __init__(self, signum: int, checkpoint: Path | None, step: int):
+        self.signum, self.checkpoint, self.step = signum, checkpoint, step
+        name = signal.Signals(signum).name
+        where = f"saved {checkpoint}" if checkpoint else "nothing to save yet"
+        super().__init__(f"{name} at step {step}: {where}")
+
+
+class StoppedAgain(KeyboardInterrupt):
+    """A second Ctrl-C or SIGTERM: stop at once, without a checkpoint (`signum` says which)."""
+
+    def __init__(self, signum: int):
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+class StopSignals:
+    """Turns the first SIGINT/SIGTERM into a flag the loop checks between steps.
+
+    A second signal interrupts at once (a checkpoint being written stays invisible until
+    complete, so even that leaves the last good one readable), except under torchrun: there
+    Ctrl-C reaches each worker twice, from the terminal and forwarded by torchrun, and torchrun
+    itself kills workers that take too long.
+    """
+
+    def __init__(self, abort_on_second: bool = True):
+        self.signum: int | None = None
+        self.abort_on_second = abort_on_second
+        self._previous: dict[int, Any] = {}
+
+    def _handle(self, signum, frame):
+        if self.signum is not None and self.abort_on_second:
+            raise StoppedAgain(signum)
+        self.signum = self.signum or signum
+
+    def __enter__(self):
+        if threading.current_thread() is threading.main_thread():  # signals only work there
+            for signum in (signal.SIGINT, signal.SIGTERM):
+                self._previous[signum] = signal.signal(signum, self._handle)
+        return self
+
+    def __exit__(self, *exc):
+        for signum, handler in self._previous.items():
+            signal.signal(signum, handler)
+
+
+def init_distributed() -> tuple[int, int, int]:
+    """(rank, local_rank, world_size); under torchrun, joins the process group (once)."""
+    world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    if world_size == 1:
+        return 0, 0, 1
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    if not dist.is_initialized():
+        if torch.cuda.is_available():
+            torch.cuda.set_device(local_rank)
+        # gloo for CPU tensors, NCCL for CUDA tensors: one group serves either device
+        backend = "cpu:gloo,cuda:nccl" if torch.cuda.is_available() else "gloo"
+        dist.init_process_group(backend)
+    return dist.get_rank(), local_rank, dist.get_world_size()
+
+
+def gather(obj: Any, world_size: int) -> list[Any]:
+    """[obj of rank 0, obj of rank 1, ...] on every rank."""
+    if world_size == 1:
+        return [obj]
+    out: list[Any] = [None] * world_size
+    dist.all_gather_object(out, obj)
+    return out
+
+
+def all_reduce(values: list[float], world_size: int) -> list[float]:
+    """The sum of `values` over all ranks, on every rank."""
+    if world_size == 1:
+        return values
+    t = torch.tensor(values, dtype=torch.float64)
+    dist.all_reduce(t, op=dist.ReduceOp.SUM)
+    return t.tolist()
+
+
+def resolve_precision(precision: str, device: torch.device) -> torch.dtype:
+    """The autocast dtype for train.precision; `auto` picks the fastest that keeps the loss curve.
+
+    auto: bf16 on CUDA GPUs that have it, else fp16 (with a gradient scaler); on CPUs with bf16
+    instructions (AVX512-BF16 or AMX) bf16, which trains tinylm's default model ~1.6x faster than
+    fp32 with the same losses; fp32 on other CPUs, where bf16 is emulated and slow.
+    """
+    if precision == "auto":
+        if device.type == "cuda":
+            return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+        cpu = torch.cpu
+        fast_bf16 = getattr(cpu, "_is_avx512_bf16_supported", lambda: False)() or \
+            getattr(cpu, "_is_amx_tile_supported", lambda: False)()
+        return torch.bfloat16 if device.type == "cpu" and fast_bf16 else torch.float32
+    if precision == "fp16" and device.type != "cuda":
+        raise bad("train.precision", precision, "fp16 needs CUDA; use bf16 or fp32 on the CPU")
+    return {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[precision]
+
+
+@lru_cache(maxsize=8)
+def matmul_peak_flops(device: torch.device, dtype: torch.dtype) -> float:
+    """This machine's matmul FLOP/s in `dtype`, measured once per process (well under a second)."""
+    n = 4096 if device.type == "cuda" else 1024
+    # its own generator: the global RNG (dropout) must not depend on whether this ran
+    generator = torch.Generator().manual_seed(0)
+    a, b = (torch.randn(n, n, generator=generator).to(device, dtype) for _ in range(2))
+    best = math.inf
+    for _ in range(4):  # the first product also pays for kernel selection; keep the best
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        start = time.perf_counter()
+        a @ b
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        best = min(best, time.perf_counter() - start)
+    return 2 * n**3 / best

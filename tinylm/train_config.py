@@ -1,0 +1,97 @@
+"""The configuration of a training run: TrainConfig (the loop, evaluation, logging, checkpoints;
+conf/train/) and RunConfig (every group together, and where the run writes).
+
+    from tinylm.train_config import RunConfig, TrainConfig
+    cfg = RunConfig(run_dir="runs/mine", train=TrainConfig(max_steps=100))
+    cfg = RunConfig.from_config(composed, run_dir)     # from a Hydra composition or a dict
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+
+from tinylm.config import ConfigError, bad, flag, integer, one_of, to_dataclass
+from tinylm.data import DataConfig
+from tinylm.model import ModelConfig
+from tinylm.optim import OptimConfig
+from tinylm.runtime import PRECISIONS
+from tinylm.threads import check_threads_setting
+from tinylm.tokenizer import TokenizerConfig
+
+
+@dataclass
+class TrainConfig:
+    """The training loop, evaluation, logging, checkpoints.
+
+    The schema of conf/train/*.yaml: each default is written here only.
+    """
+
+    max_steps: int = 2000  # the default run: ~5.5 minutes on 2 quiet CPU cores (bf16)
+    batch_size: int = 16  # sequences per micro-batch (per process under torchrun)
+    grad_accum_steps: int = 1  # micro-batches whose gradients add up to one optimizer step
+    eval_interval: int = 250  # steps between evaluations
+    eval_batches: int = 20  # validation batches per evaluation (the same windows each time)
+    # steps between checkpoints (tagged last); 0: none on this schedule. Whatever it is, the
+    # run also saves one at its end, on Ctrl-C or SIGTERM, and at each evaluation whose val
+    # loss is the best so far (tagged best and last)
+    checkpoint_interval: int = 250
+    log_interval: int = 10  # steps between TensorBoard scalars / progress-bar updates
+    seed: int = 1337
+    device: str = "auto"  # auto | cpu | cuda | cuda:N
+    precision: str = "auto"  # auto | fp32 | bf16 | fp16 (see runtime.resolve_precision)
+    compile: bool = False  # torch.compile the model
+    resume: bool | str = False  # False | True (this run dir's last checkpoint) | a checkpoint path
+    sample_prompt: str = "Once upon a time"  # continued at each evaluation, into TensorBoard
+    sample_tokens: int = 64  # 0: no sample
+    probe_prompt: str = "Lily and Tom went to the park. She"  # attention maps; "": none
+    threads: int | str = "auto"  # torch intra-op threads; auto: the idle usable cores (threads.py)
+
+    def __post_init__(self):
+        for key, least in (("max_steps", 1), ("batch_size", 1), ("grad_accum_steps", 1),
+                           ("eval_interval", 1), ("eval_batches", 1), ("checkpoint_interval", 0),
+                           ("log_interval", 1), ("sample_tokens", 0)):
+            integer(f"train.{key}", getattr(self, key), least)
+        integer("train.seed", self.seed)
+        one_of("train.precision", self.precision, PRECISIONS)
+        flag("train.compile", self.compile)
+        check_threads_setting("train.threads", self.threads)
+        if not isinstance(self.resume, bool) and not (isinstance(self.resume, str)
+                                                      and self.resume):
+            raise bad("train.resume", self.resume,
+                      "must be false, true or the path of a checkpoint or run directory")
+
+
+@dataclass
+class RunConfig:
+    """Everything one training run needs: one dataclass per config group, and where to write."""
+
+    run_dir: str = "runs/default"
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    tokenizer: TokenizerConfig = field(default_factory=TokenizerConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+
+    GROUPS = {"model": ModelConfig, "data": DataConfig, "tokenizer": TokenizerConfig,
+              "optim": OptimConfig, "train": TrainConfig}
+
+    @classmethod
+    def from_config(cls, cfg: Any, run_dir: str | Path) -> RunConfig:
+        """Build from a composed config (OmegaConf node or dict with one key per group)."""
+        values = OmegaConf.to_container(cfg, resolve=True) if isinstance(cfg, DictConfig) else cfg
+        unknown = sorted(set(values) - set(cls.GROUPS))
+        if unknown:
+            raise ConfigError(f"unknown config key {', '.join(unknown)}; allowed top-level keys: "
+                              f"{', '.join(cls.GROUPS)} (and experiment=<name>)")
+        groups = {name: to_dataclass(kind, values.get(name, {}), name)
+                  for name, kind in cls.GROUPS.items()}
+        return cls(run_dir=str(run_dir), **groups)
+
+    def to_dict(self) -> dict:
+        """The run config as plain data (what checkpoints store as config.yaml)."""
+        return {name: dataclasses.asdict(getattr(self, name)) for name in self.GROUPS}

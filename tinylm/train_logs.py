@@ -1,0 +1,112 @@
+"""What a training run shows in TensorBoard: scalars, a sample, attention maps, hyperparameters.
+
+Rank 0 keeps one TrainingLogs per run. Its figures are drawn by a helper process (tinylm/extras.py)
+while training goes on; `write_finished` writes, between steps, those that are done.
+
+    logs = TrainingLogs(run_dir / "tensorboard", step, run_config, tokenizer, block_size)
+    logs.train_scalars(step, loss, grad_norm, lr, tokens_per_s, mfu)
+    logs.evaluation(model, train_cfg, step, val_loss, perplexity, device)
+    dropped = logs.close(wait=True)          # how many evaluations' figures were not written
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+import yaml
+from torch.utils.tensorboard import SummaryWriter
+from torch.utils.tensorboard.summary import hparams
+
+from tinylm.extras import Extras, attention_grid_summaries, layer_head_summaries
+from tinylm.generate import encode_prompt, generate
+from tinylm.inspection import capture_attention
+from tinylm.model import TinyLM
+from tinylm.probe import deciding_name_attention, shipped_name_items
+from tinylm.tensorboard_plugin.summary import write_attention
+from tinylm.train_config import TrainConfig
+
+
+class TrainingLogs:
+    """One run's TensorBoard writer and the helper that draws its figures."""
+
+    def __init__(self, log_dir: Path, step: int, run_config: dict, tokenizer, block_size: int):
+        self.extras = Extras()  # draws the figures in a helper process
+        # purge_step hides what an earlier attempt logged after this checkpoint's step
+        self.writer = SummaryWriter(str(log_dir), purge_step=step + 1 if step else None)
+        if step == 0:
+            self._write_hparams(run_config)
+        self.tokenizer = tokenizer
+        # tokenized once: each evaluation then costs one forward pass and one small image
+        self.name_items = shipped_name_items(tokenizer, block_size)
+
+    def _write_hparams(self, run_config: dict) -> None:
+        """The run's hyperparameters for TensorBoard's HPARAMS tab (metrics: the val scalars)."""
+        flat = {f"{group}.{key}": value if isinstance(value, int | float | str | bool)
+                else str(value) for group, values in run_config.items()
+                for key, value in values.items()}
+        for summary in hparams(flat, {"val/loss": 0.0, "val/perplexity": 0.0}):
+            self.writer.file_writer.add_summary(summary)
+        self.writer.add_text("config",
+                             "```\n" + yaml.safe_dump(run_config, sort_keys=False) + "```")
+
+    def train_scalars(self, step: int, loss: float, grad_norm: float, lr: float,
+                      tokens_per_s: float, mfu: float) -> None:
+        w = self.writer
+        w.add_scalar("train/loss", loss, step)
+        w.add_scalar("train/lr", lr, step)
+        w.add_scalar("train/grad_norm", grad_norm, step)
+        w.add_scalar("train/tokens_per_sec", tokens_per_s, step)
+        w.add_scalar("train/mfu", mfu, step)
+
+    def evaluation(self, model: TinyLM, cfg: TrainConfig, step: int, val_loss: float,
+                   perplexity: float, device: torch.device) -> None:
+        """The val scalars, a sample, every layer's attention maps and the deciding-attention
+        grid (the figures are handed to the helper)."""
+        self.writer.add_scalar("val/loss", val_loss, step)
+        self.writer.add_scalar("val/perplexity", perplexity, step)
+        model.eval()
+        self._sample_and_attention(model, cfg, step, device)
+        if self.name_items:
+            self._deciding_attention(model, step)
+        model.train()
+
+    def _sample_and_attention(self, model: TinyLM, cfg: TrainConfig, step: int,
+                              device: torch.device) -> None:
+        """A continuation of sample_prompt, and every layer's heads on probe_prompt (captured
+        here, drawn by the helper while training goes on)."""
+        if cfg.sample_tokens:
+            ids, _ = encode_prompt(self.tokenizer, cfg.sample_prompt, model.config.block_size)
+            generator = torch.Generator(device=device).manual_seed(cfg.seed)  # the same each time
+            out = generate(model, torch.tensor([ids], device=device), cfg.sample_tokens,
+                           temperature=0.8, top_k=50, generator=generator,
+                           stop_id=self.tokenizer.eot_id)
+            text = self.tokenizer.decode(out[0].tolist())
+            self.writer.add_text("samples/text", "```\n" + text + "\n```", step)
+        if cfg.probe_prompt:
+            capture = capture_attention(model, self.tokenizer, cfg.probe_prompt)
+            write_attention(self.writer, "probe_prompt", capture, step)  # "tinylm attention" tab
+            self.extras.submit(step, attention_grid_summaries, capture.weights, capture.tokens)
+
+    def _deciding_attention(self, model: TinyLM, step: int) -> None:
+        """Each head's attention from the token before the pronoun to the name on the shipped
+        agreement items: the layer x head grid in which the carrier head appears (computed
+        here, drawn by the helper)."""
+        grid = deciding_name_attention(model, self.name_items)
+        self.extras.submit(step, layer_head_summaries, "probe/deciding_attention", grid,
+                           f"deciding attention to the name, step {step} "
+                           f"({len(self.name_items)} items)", "attention")
+
+    def write_finished(self) -> None:
+        """Write the figures the helper has finished drawing."""
+        self.extras.write_finished(self.writer)
+
+    def close(self, wait: bool = True) -> int:
+        """Write the figures still being drawn (wait=True) or drop them (wait=False, or a
+        Ctrl-C while waiting), then close the files; returns how many evaluations' were dropped."""
+        try:
+            dropped = self.extras.close(self.writer, wait)
+        except KeyboardInterrupt:
+            dropped = self.extras.close(self.writer, wait=False)
+        self.writer.close()
+        return dropped
