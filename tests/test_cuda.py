@@ -17,7 +17,8 @@ from tinylm.checkpoint import load_checkpoint
 from tinylm.device import resolve_device
 from tinylm.generate import generate
 from tinylm.loss import lm_head_cross_entropy
-from tinylm.train import resolve_precision, train
+from tinylm.runtime import resolve_precision
+from tinylm.train import train
 
 pytestmark = pytest.mark.cuda
 
