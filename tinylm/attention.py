@@ -34,7 +34,10 @@ def causal_mask(t_q: int, t_k: int, device: torch.device | str = "cpu") -> torch
     """
     if t_q > t_k:
         raise ValueError(f"causal_mask: t_q={t_q} queries cannot follow only t_k={t_k} keys")
-    return torch.ones(t_q, t_k, dtype=torch.bool, device=device).triu(diagonal=t_k - t_q + 1)
+    # a normal tensor even when first asked for under inference_mode (generation): autograd
+    # reuses the cached mask later and cannot save an inference tensor for backward
+    with torch.inference_mode(False):
+        return torch.ones(t_q, t_k, dtype=torch.bool, device=device).triu(diagonal=t_k - t_q + 1)
 
 
 class AttentionSteps(NamedTuple):
