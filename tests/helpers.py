@@ -7,6 +7,7 @@ import socket
 import subprocess
 import sys
 
+import torch
 from hydra import compose as hydra_compose
 from hydra import initialize_config_dir
 
@@ -88,3 +89,20 @@ def tensorboard_server(logdir, log_path, *flags):
         except subprocess.TimeoutExpired:
             process.kill()
             process.wait()
+
+
+def torch_save_failing_at(n: int, error: OSError):
+    """A torch.save that writes its first n - 1 files and then part of the n-th, and raises
+    `error` there: a disk that fills up, or a crash, in the middle of a checkpoint."""
+    save, calls = torch.save, []
+
+    def failing_save(obj, f, *args, **kwargs):
+        calls.append(f)
+        if len(calls) == n:
+            with open(f, "wb") as half:
+                half.write(b"\x00" * 100)
+            raise error
+        return save(obj, f, *args, **kwargs)
+
+    return failing_save
+

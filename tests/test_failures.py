@@ -15,7 +15,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from helpers import run_config, save_run
+from helpers import run_config, save_run, torch_save_failing_at
 
 import tinylm.checkpoint
 from tinylm.checkpoint import RunDirInUse, load_checkpoint, resolve_checkpoint_dir, save_checkpoint
@@ -137,17 +137,9 @@ def test_the_temporary_link_name_belongs_to_its_process(saved_run, monkeypatch):
 
 def test_a_full_disk_stops_in_one_line_leaves_nothing_behind_and_the_resume_works(
         corpus, tmp_path, monkeypatch):
-    save, saves = torch.save, []
-
-    def disk_full_on_the_second_save(obj, f, *args, **kwargs):
-        saves.append(f)
-        if len(saves) == 2:
-            with open(f, "wb") as half:  # part of the file, then no more room
-                half.write(b"\x00" * 100)
-            raise OSError(errno.ENOSPC, "No space left on device")
-        return save(obj, f, *args, **kwargs)
-
-    monkeypatch.setattr(tinylm.checkpoint.torch, "save", disk_full_on_the_second_save)
+    save = torch.save
+    monkeypatch.setattr(tinylm.checkpoint.torch, "save", torch_save_failing_at(
+        2, OSError(errno.ENOSPC, "No space left on device")))
     run_dir = tmp_path / "run"
     with pytest.raises(OSError) as stopped:
         train(run_config(corpus, run_dir))

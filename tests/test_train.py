@@ -14,7 +14,7 @@ import time
 import numpy as np
 import pytest
 import torch
-from helpers import TINY, TRAINED_RUN, compose, run_cli, run_config
+from helpers import TINY, TRAINED_RUN, compose, run_cli, run_config, torch_save_failing_at
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 import tinylm.checkpoint
@@ -258,17 +258,9 @@ def test_resume_from_a_checkpoint_path_continues_into_a_new_run_dir(corpus, trai
 
 def test_a_crash_while_saving_leaves_the_previous_checkpoint_loadable(
         corpus, tmp_path, monkeypatch):
-    save, saves = torch.save, []
-
-    def save_twice_then_crash(obj, f, *args, **kwargs):
-        saves.append(f)
-        if len(saves) == 3:
-            with open(f, "wb") as half:  # a partly written file, then the crash
-                half.write(b"\x00" * 100)
-            raise OSError("disk full")
-        return save(obj, f, *args, **kwargs)
-
-    monkeypatch.setattr(tinylm.checkpoint.torch, "save", save_twice_then_crash)
+    save = torch.save
+    monkeypatch.setattr(tinylm.checkpoint.torch, "save",
+                        torch_save_failing_at(3, OSError("disk full")))
     with pytest.raises(OSError, match="disk full"):
         train(run_config(corpus, tmp_path / "run"))
     monkeypatch.setattr(tinylm.checkpoint.torch, "save", save)

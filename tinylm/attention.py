@@ -118,14 +118,9 @@ def value_terms(weights: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
     return weights.unsqueeze(-1) * v.unsqueeze(-3)
 
 
-def scaled_dot_product_attention(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    mask: torch.Tensor | None = None,
-    is_causal: bool = False,
-    dropout_p: float = 0.0,
-) -> tuple[torch.Tensor, torch.Tensor]:
+def scaled_dot_product_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                                 mask: torch.Tensor | None = None, is_causal: bool = False,
+                                 dropout_p: float = 0.0) -> tuple[torch.Tensor, torch.Tensor]:
     """softmax(q·kᵀ/√d, masked) · v. Returns (output (..., T_q, d_v), weights (..., T_q, T_k))."""
     steps = attention_steps(q, k, v, mask=mask, is_causal=is_causal, dropout_p=dropout_p)
     return steps.output, steps.weights
