@@ -1,4 +1,5 @@
-"""Small builders the test files share: a tiny model, a saved run, a command-line run."""
+"""Plain functions the test files share: the real conf/ composed, a saved run, a command-line run,
+a tensorboard server. The fixtures built from them live in conftest.py."""
 
 import contextlib
 import os
@@ -7,16 +8,40 @@ import subprocess
 import sys
 
 import torch
+from hydra import compose as hydra_compose
+from hydra import initialize_config_dir
 
 from tinylm.checkpoint import save_checkpoint
-from tinylm.model import ModelConfig, TinyLM
+from tinylm.config import config_dir
+from tinylm.train_config import RunConfig
+
+# A tiny model on a tiny corpus: a run of 30 steps takes about a second on a quiet core.
+TINY = ["data=text", "tokenizer.vocab_size=300", "model.n_layer=2", "model.n_head=2",
+        "model.n_embd=32", "model.block_size=32", "train.batch_size=8", "train.max_steps=30",
+        "train.eval_interval=10", "train.eval_batches=2", "train.checkpoint_interval=10",
+        "train.log_interval=1", "train.sample_tokens=0", "train.probe_prompt=''",
+        "train.device=cpu", "train.precision=fp32", "optim.lr=1e-2", "optim.warmup_steps=5",
+        # two separate runs (full_run and one stopped and resumed) match bit for bit only with
+        # the same thread count, and auto may choose another one for each as the load changes
+        "train.threads=1"]
+# The session's trained run (conftest's `trained_run`): dropout, so that the RNG matters.
+TRAINED_RUN = ["model.dropout=0.1", "train.sample_tokens=16",
+               "train.probe_prompt='Lily went home. She'"]
 
 
-def tiny_model(vocab_size, seed=0, **overrides):
-    """An untrained TinyLM in eval mode: 2 layers, 2 heads, n_embd 16, block_size 64 by default."""
-    torch.manual_seed(seed)
-    values = dict(vocab_size=vocab_size, block_size=64, n_layer=2, n_head=2, n_embd=16)
-    return TinyLM(ModelConfig(**{**values, **overrides})).eval()
+def compose(config_name, overrides=(), return_hydra_config=False):
+    """The real conf/ composed as the command line composes it: `config_name` with `overrides`
+    (and Hydra's own `hydra` node too with return_hydra_config)."""
+    with initialize_config_dir(config_dir=str(config_dir()), version_base="1.3"):
+        return hydra_compose(config_name, overrides=list(overrides),
+                             return_hydra_config=return_hydra_config)
+
+
+def run_config(corpus, run_dir, *overrides) -> RunConfig:
+    """A training run on the `corpus` fixture: conf/ with TINY and `overrides` on top."""
+    cfg = compose("config", [*TINY, f"data.files=[{corpus / 'stories.txt'}]",
+                             f"data.cache_dir={corpus / 'cache'}", *overrides])
+    return RunConfig.from_config(cfg, run_dir)
 
 
 def save_run(run_dir, model, tokenizer):
@@ -37,6 +62,10 @@ def free_port():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+# How long a test waits for a fresh tensorboard server to answer and load its event files.
+STARTUP_TIMEOUT_S = 90
 
 
 @contextlib.contextmanager
@@ -60,3 +89,20 @@ def tensorboard_server(logdir, log_path, *flags):
         except subprocess.TimeoutExpired:
             process.kill()
             process.wait()
+
+
+def torch_save_failing_at(n: int, error: OSError):
+    """A torch.save that writes its first n - 1 files and then part of the n-th, and raises
+    `error` there: a disk that fills up, or a crash, in the middle of a checkpoint."""
+    save, calls = torch.save, []
+
+    def failing_save(obj, f, *args, **kwargs):
+        calls.append(f)
+        if len(calls) == n:
+            with open(f, "wb") as half:
+                half.write(b"\x00" * 100)
+            raise error
+        return save(obj, f, *args, **kwargs)
+
+    return failing_save
+

@@ -65,6 +65,17 @@ def test_causal_mask_for_queries_that_follow_cached_keys():
     assert causal_mask(2, 5) is mask  # built once per length and device
 
 
+def test_a_mask_first_built_during_generation_still_serves_training():
+    """The cached mask is shared: one built under inference_mode (as generation builds it) must
+    not be an inference tensor, which autograd could not save for backward."""
+    with torch.inference_mode():
+        mask = causal_mask(3, 17)
+    assert not mask.is_inference()
+    scores = torch.randn(3, 17, requires_grad=True)
+    scores.masked_fill(mask, float("-inf")).softmax(-1).sum().backward()
+    assert scores.grad is not None and torch.all(scores.grad[mask] == 0)
+
+
 def test_causal_weights_are_zero_above_the_diagonal():
     _, weights = scaled_dot_product_attention(Q, K, V, is_causal=True)
     assert torch.all(weights.triu(diagonal=1) == 0)

@@ -15,21 +15,22 @@ from tinylm.checkpoint import (
     run_dir_lock,
     save_checkpoint,
 )
-from tinylm.model import ModelConfig, TinyLM
 from tinylm.tokenizer import CharTokenizer
 
 TEXT = "Lily saw a cat. She said hello to it.\n"
 
 
-def tiny(seed=0):
-    tokenizer = CharTokenizer.train([TEXT])
-    torch.manual_seed(seed)
-    config = ModelConfig(vocab_size=tokenizer.vocab_size, block_size=16, n_layer=1, n_head=2,
-                         n_embd=8)
-    return TinyLM(config), tokenizer
+@pytest.fixture
+def tiny(tiny_model):
+    """tiny(seed=0): a 1-layer model in training mode and the char tokenizer of TEXT."""
+    def build(seed=0):
+        tokenizer = CharTokenizer.train([TEXT])
+        return tiny_model(tokenizer.vocab_size, seed, block_size=16, n_layer=1,
+                          n_embd=8).train(), tokenizer
+    return build
 
 
-def test_round_trip_rebuilds_the_same_model_and_tokenizer(tmp_path):
+def test_round_trip_rebuilds_the_same_model_and_tokenizer(tiny, tmp_path):
     model, tokenizer = tiny()
     state = {"step": torch.tensor(7), "rng": torch.get_rng_state()}
     save_checkpoint(tmp_path, model, tokenizer, {"train": {"seed": 1}}, step=7, trainer_state=state)
@@ -47,7 +48,7 @@ def test_round_trip_rebuilds_the_same_model_and_tokenizer(tmp_path):
     assert not ckpt.model.training
 
 
-def test_last_and_best_point_at_step_directories_and_old_ones_are_removed(tmp_path):
+def test_last_and_best_point_at_step_directories_and_old_ones_are_removed(tiny, tmp_path):
     model, tokenizer = tiny()
     save_checkpoint(tmp_path, model, tokenizer, {}, step=1, tags=("last", "best"))
     save_checkpoint(tmp_path, model, tokenizer, {}, step=2, tags=("last",))
@@ -62,7 +63,7 @@ def test_last_and_best_point_at_step_directories_and_old_ones_are_removed(tmp_pa
     assert resolve_checkpoint_dir(checkpoints / "last").name == "step-0000003"
 
 
-def test_saving_the_same_step_twice_keeps_both_complete(tmp_path):
+def test_saving_the_same_step_twice_keeps_both_complete(tiny, tmp_path):
     model, tokenizer = tiny()
     first = save_checkpoint(tmp_path, model, tokenizer, {}, step=5, tags=("best",))
     second = save_checkpoint(tmp_path, model, tokenizer, {}, step=5, tags=("last",))
@@ -70,7 +71,7 @@ def test_saving_the_same_step_twice_keeps_both_complete(tmp_path):
     assert (first / WEIGHTS_FILE).is_file() and (second / WEIGHTS_FILE).is_file()
 
 
-def test_a_crash_during_save_leaves_the_previous_checkpoint_loadable(tmp_path):
+def test_a_crash_during_save_leaves_the_previous_checkpoint_loadable(tiny, tmp_path):
     model, tokenizer = tiny(seed=0)
     save_checkpoint(tmp_path, model, tokenizer, {}, step=1)
     expected = {k: v.clone() for k, v in model.state_dict().items()}
@@ -113,7 +114,7 @@ def test_missing_path_names_it(tmp_path):
         load_checkpoint(tmp_path)
 
 
-def test_truncated_weights_name_the_file(tmp_path):
+def test_truncated_weights_name_the_file(tiny, tmp_path):
     model, tokenizer = tiny()
     directory = save_checkpoint(tmp_path, model, tokenizer, {}, step=1)
     weights = directory / WEIGHTS_FILE
@@ -122,7 +123,7 @@ def test_truncated_weights_name_the_file(tmp_path):
         load_checkpoint(directory)
 
 
-def test_weights_that_do_not_fit_the_config_name_both_files(tmp_path):
+def test_weights_that_do_not_fit_the_config_name_both_files(tiny, tmp_path):
     model, tokenizer = tiny()
     directory = save_checkpoint(tmp_path, model, tokenizer, {}, step=1)
     config_file = directory / "model_config.json"
@@ -133,7 +134,7 @@ def test_weights_that_do_not_fit_the_config_name_both_files(tmp_path):
         load_checkpoint(directory)
 
 
-def test_missing_tokenizer_and_vocab_mismatch_are_named(tmp_path):
+def test_missing_tokenizer_and_vocab_mismatch_are_named(tiny, tmp_path):
     model, tokenizer = tiny()
     directory = save_checkpoint(tmp_path, model, tokenizer, {}, step=1)
     other = CharTokenizer.train(["abc"])
@@ -145,13 +146,13 @@ def test_missing_tokenizer_and_vocab_mismatch_are_named(tmp_path):
         load_checkpoint(directory)
 
 
-def test_weights_are_never_unpickled(tmp_path):
+def test_weights_are_never_unpickled(tiny, tmp_path):
     model, tokenizer = tiny()
     directory = save_checkpoint(tmp_path, model, tokenizer, {}, step=1)
     assert (directory / WEIGHTS_FILE).read_bytes()[8:9] == b"{"  # safetensors' JSON header
 
 
-def test_unknown_tag_is_refused(tmp_path):
+def test_unknown_tag_is_refused(tiny, tmp_path):
     model, tokenizer = tiny()
     with pytest.raises(ValueError, match="tag 'latest' is not allowed; allowed: last, best"):
         save_checkpoint(tmp_path, model, tokenizer, {}, step=2, tags=("latest",))

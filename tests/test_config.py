@@ -6,7 +6,7 @@ import math
 
 import pytest
 import yaml
-from hydra import compose, initialize_config_dir
+from helpers import compose
 
 from tinylm.config import ConfigError, config_dir, divisible, flag, integer, number, one_of, schemas
 
@@ -51,20 +51,18 @@ def test_every_yaml_key_is_a_schema_field_and_no_default_is_written_twice(path):
 def test_every_yaml_file_starts_from_its_schema_and_composes_every_field(path):
     schema_entry = "schema" if path.parent != CONF else f"{path.stem}_schema"
     assert yaml.safe_load(path.read_text())["defaults"][0] == schema_entry
-    with initialize_config_dir(str(CONF), version_base="1.3"):
-        if path.parent == CONF:
-            cfg = compose(path.stem)
-        else:
-            cfg = compose("config", [f"{path.parent.name}={path.stem}"])[path.parent.name]
+    if path.parent == CONF:
+        cfg = compose(path.stem)
+    else:
+        cfg = compose("config", [f"{path.parent.name}={path.stem}"])[path.parent.name]
     fields = [f.name for f in dataclasses.fields(_schema_of(path))]
     assert list(cfg) == fields  # the reverse: every schema field reaches the composed config
 
 
 def test_prepare_composes_the_training_runs_data_and_tokenizer_without_a_run_directory():
     overrides = ["experiment=shakespeare_char", "tokenizer.vocab_size=80"]
-    with initialize_config_dir(str(CONF), version_base="1.3"):
-        train = compose("config", overrides, return_hydra_config=True)
-        prepare = compose("prepare", overrides, return_hydra_config=True)
+    train = compose("config", overrides, return_hydra_config=True)
+    prepare = compose("prepare", overrides, return_hydra_config=True)
     assert prepare.data == train.data and prepare.tokenizer == train.tokenizer
     assert (prepare.hydra.run.dir, prepare.hydra.output_subdir) == (".", None)
     # the logging stays training's: a library's warnings still reach the terminal
@@ -75,8 +73,7 @@ def test_prepare_composes_the_training_runs_data_and_tokenizer_without_a_run_dir
 @pytest.mark.parametrize("path", COMMAND_FILES, ids=lambda p: p.name)
 def test_the_print_only_commands_write_no_run_directory_and_no_log(path):
     assert "hydra/print_only" in yaml.safe_load(path.read_text())["defaults"]
-    with initialize_config_dir(str(CONF), version_base="1.3"):
-        hydra = compose(path.stem, return_hydra_config=True).hydra
+    hydra = compose(path.stem, return_hydra_config=True).hydra
     assert (hydra.run.dir, hydra.output_subdir) == (".", None)
     assert (hydra.runtime.choices["hydra/job_logging"],
             hydra.runtime.choices["hydra/hydra_logging"]) == ("disabled", "disabled")

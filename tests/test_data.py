@@ -8,7 +8,9 @@ import sys
 import numpy as np
 import pytest
 import torch
+from helpers import compose
 
+from tinylm.config import to_dataclass
 from tinylm.data import BatchSampler, DataConfig, check_enough_tokens, prepare_data
 from tinylm.tokenizer import EOT, TokenizerConfig, train_tokenizer
 
@@ -171,13 +173,8 @@ def fake_hub(monkeypatch):
 
 def hub_preset(tmp_path, *overrides):
     """data=tinystories_hub as the command line composes it, made small."""
-    from hydra import compose, initialize_config_dir
-
-    from tinylm.config import config_dir, to_dataclass
-
-    with initialize_config_dir(config_dir=str(config_dir()), version_base="1.3"):
-        cfg = compose("config", ["data=tinystories_hub", f"data.cache_dir={tmp_path / 'data'}",
-                                 "tokenizer.vocab_size=300", *overrides])
+    cfg = compose("config", ["data=tinystories_hub", f"data.cache_dir={tmp_path / 'data'}",
+                             "tokenizer.vocab_size=300", *overrides])
     return (to_dataclass(DataConfig, cfg.data, "data"),
             to_dataclass(TokenizerConfig, cfg.tokenizer, "tokenizer"))
 
@@ -429,13 +426,7 @@ def test_sampler_needs_the_dtype_from_meta_or_the_caller(counting_bin):
 @pytest.mark.parametrize("data", ["tinystories", "tinyshakespeare", "text"])
 @pytest.mark.parametrize("tokenizer", ["bpe", "char"])
 def test_every_data_and_tokenizer_config_builds_its_dataclass(data, tokenizer):
-    from hydra import compose, initialize_config_dir
-
-    from tinylm.config import config_dir, to_dataclass
-
-    with initialize_config_dir(config_dir=str(config_dir()), version_base="1.3"):
-        cfg = compose("config", overrides=[f"data={data}", f"tokenizer={tokenizer}",
-                                           "data.files=[notes.txt]"])
+    cfg = compose("config", [f"data={data}", f"tokenizer={tokenizer}", "data.files=[notes.txt]"])
     data_cfg = to_dataclass(DataConfig, cfg.data, "data")
     tok_cfg = to_dataclass(TokenizerConfig, cfg.tokenizer, "tokenizer")
     assert (data_cfg.name, tok_cfg.name) == (data, tokenizer)

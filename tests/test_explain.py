@@ -11,16 +11,15 @@ from pathlib import Path
 
 import pytest
 import torch
-from hydra import compose, initialize_config_dir
+from helpers import compose
 
 from tinylm.attention import MultiHeadAttention
 from tinylm.checkpoint import save_checkpoint
 from tinylm.cli.explain import ExplainConfig, explain
-from tinylm.config import config_dir, to_dataclass
+from tinylm.config import to_dataclass
 from tinylm.explain import explain_model_head
 from tinylm.inspection import example_attention, model_head_steps, multi_head_walk
-from tinylm.model import ModelConfig, TinyLM
-from tinylm.tokenizer import BPETokenizer
+from tinylm.model import ModelConfig
 
 ROOT = Path(__file__).resolve().parents[1]
 STORY = "Lily saw a cat. She smiled at the cat. The cat ran to Lily. She laughed."
@@ -115,18 +114,8 @@ def test_multi_head_mode_prints_each_head_and_checks_itself():
     assert torch.all(walk.steps.weights.triu(diagonal=1) == 0)
 
 
-@pytest.fixture(scope="module")
-def tiny_lm():
-    tokenizer = BPETokenizer.train([STORY] * 20, vocab_size=300)
-    torch.manual_seed(0)
-    config = ModelConfig(vocab_size=tokenizer.vocab_size, block_size=64, n_layer=2, n_head=2,
-                         n_embd=16)
-    return TinyLM(config).eval(), tokenizer
-
-
-def test_checkpoint_head_equals_the_models_own_attention(tiny_lm):
-    model, tokenizer = tiny_lm
-    idx = torch.tensor(tokenizer.encode(STORY))
+def test_checkpoint_head_equals_the_models_own_attention(model, bpe):
+    idx = torch.tensor(bpe.encode(STORY))
     with torch.no_grad():
         attentions = model(idx[None], return_attention=True).attentions
     for layer in range(2):
@@ -135,12 +124,11 @@ def test_checkpoint_head_equals_the_models_own_attention(tiny_lm):
             torch.testing.assert_close(steps.weights, attentions[layer][0, head])
 
 
-def test_checkpoint_mode_follows_the_query_word_and_shortens_long_rows(tiny_lm, tmp_path):
-    model, tokenizer = tiny_lm
-    save_checkpoint(tmp_path, model, tokenizer, run_config={}, step=1)
+def test_checkpoint_mode_follows_the_query_word_and_shortens_long_rows(model, bpe, tmp_path):
+    save_checkpoint(tmp_path, model, bpe, run_config={}, step=1)
     text = explain(ExplainConfig(checkpoint=str(tmp_path), text=STORY, layer=1, head=0,
                                  query="laughed", top=3))
-    tokens = tokenizer.token_strings(tokenizer.encode(STORY))
+    tokens = bpe.token_strings(bpe.encode(STORY))
     i = [t.strip() for t in tokens].index("laughed")
     assert f"The query is token {i} {tokens[i]!r}" in text
     rows = table(text, f"Query {i} ")
@@ -188,12 +176,11 @@ def test_bad_inputs_give_clear_errors(cfg, message):
     (dict(head=5), "head=5 is out of range: the model has 2 heads per layer (0..1)"),
     (dict(text="Lily " * 100), "but the model reads at most block_size=64"),
 ])
-def test_bad_checkpoint_mode_inputs_give_clear_errors(tiny_lm, cfg, message):
-    model, tokenizer = tiny_lm
+def test_bad_checkpoint_mode_inputs_give_clear_errors(model, bpe, cfg, message):
     cfg = {"checkpoint": "run", "text": STORY} | cfg
     with pytest.raises(ValueError) as err:
         cfg = ExplainConfig(**cfg)
-        explain_model_head(model, tokenizer, cfg.text, cfg.layer, cfg.head, cfg.query, cfg.top,
+        explain_model_head(model, bpe, cfg.text, cfg.layer, cfg.head, cfg.query, cfg.top,
                            cfg.digits)
     assert message in str(err.value)
 
@@ -210,8 +197,7 @@ def test_qkv_file_is_read_and_checked(tmp_path):
 
 
 def test_yaml_defaults_match_the_dataclass():
-    with initialize_config_dir(config_dir=str(config_dir()), version_base="1.3"):
-        cfg = compose(config_name="explain", overrides=["q=[[1,0],[0,1]]", "causal=true"])
+    cfg = compose("explain", ["q=[[1,0],[0,1]]", "causal=true"])
     assert to_dataclass(ExplainConfig, cfg, "explain") == ExplainConfig(q=[[1, 0], [0, 1]],
                                                                          causal=True)
 
@@ -240,14 +226,13 @@ def test_docs_attention_quotes_what_tinylm_explain_prints():
     blocks = re.findall(r"```console\n\$ tinylm-explain([^\n]*)\n(.*?)```", doc, re.S)
     assert len(blocks) == 5
     printed = []
-    with initialize_config_dir(config_dir=str(config_dir()), version_base="1.3"):
-        for args, quoted in blocks:
-            cfg = compose(config_name="explain", overrides=shlex.split(args))
-            text = explain(to_dataclass(ExplainConfig, cfg, "explain"))
-            lines = text.splitlines()
-            for line in quoted.splitlines():
-                assert line == "..." or line in lines, f"tinylm-explain{args}: {line!r}"
-            printed.append(text)
+    for args, quoted in blocks:
+        cfg = compose("explain", shlex.split(args))
+        text = explain(to_dataclass(ExplainConfig, cfg, "explain"))
+        lines = text.splitlines()
+        for line in quoted.splitlines():
+            assert line == "..." or line in lines, f"tinylm-explain{args}: {line!r}"
+        printed.append(text)
     # every number the prose quotes to tinylm-explain's 4 decimals is one it printed
     prose = re.sub(r"```.*?```", "", doc, flags=re.S)
     for number in re.findall(r"(?<![\d.])\d+\.\d{4}(?![\d])", prose):

@@ -15,8 +15,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from helpers import save_run, tiny_model
-from test_train import TINY, corpus, run_config  # noqa: F401  (corpus: the shared fixture)
+from helpers import run_config, save_run, torch_save_failing_at
 
 import tinylm.checkpoint
 from tinylm.checkpoint import RunDirInUse, load_checkpoint, resolve_checkpoint_dir, save_checkpoint
@@ -36,7 +35,7 @@ TEXT = "Lily saw a cat. She was happy. Tom saw a dog. He was sad."
 
 
 @pytest.fixture
-def saved_run(tmp_path):
+def saved_run(tmp_path, tiny_model):
     tokenizer = CharTokenizer.train([TEXT])
     return save_run(tmp_path / "run", tiny_model(tokenizer.vocab_size), tokenizer)
 
@@ -55,7 +54,7 @@ def one_line(err) -> str:
 
 
 def test_weights_that_are_not_finite_are_never_saved_as_a_good_checkpoint(
-        corpus, tmp_path, monkeypatch):  # noqa: F811
+        corpus, tmp_path, monkeypatch):
     step = Trainer.train_step
 
     def inf_weights_at_step_12(self, stop):
@@ -82,7 +81,7 @@ def test_weights_that_are_not_finite_are_never_saved_as_a_good_checkpoint(
     assert not [p for p in listing(run_dir) if ".tmp" in p]
 
 
-def test_a_learning_rate_that_blows_the_weights_up_saves_nothing(corpus, tmp_path):  # noqa: F811
+def test_a_learning_rate_that_blows_the_weights_up_saves_nothing(corpus, tmp_path):
     run_dir = tmp_path / "run"
     with pytest.raises(TrainingDiverged) as stopped:
         train(run_config(corpus, run_dir, "optim.lr=1e39", "optim.warmup_steps=0",
@@ -103,7 +102,7 @@ with run_dir_lock(sys.argv[1]):
 
 
 def test_a_second_writer_is_refused_naming_the_holder_and_a_killed_one_blocks_nothing(
-        corpus, tmp_path):  # noqa: F811
+        corpus, tmp_path):
     run_dir = tmp_path / "run"
     holder = subprocess.Popen([sys.executable, "-c", HOLD_LOCK, str(run_dir)],
                               stdout=subprocess.PIPE, text=True)
@@ -137,18 +136,10 @@ def test_the_temporary_link_name_belongs_to_its_process(saved_run, monkeypatch):
 
 
 def test_a_full_disk_stops_in_one_line_leaves_nothing_behind_and_the_resume_works(
-        corpus, tmp_path, monkeypatch):  # noqa: F811
-    save, saves = torch.save, []
-
-    def disk_full_on_the_second_save(obj, f, *args, **kwargs):
-        saves.append(f)
-        if len(saves) == 2:
-            with open(f, "wb") as half:  # part of the file, then no more room
-                half.write(b"\x00" * 100)
-            raise OSError(errno.ENOSPC, "No space left on device")
-        return save(obj, f, *args, **kwargs)
-
-    monkeypatch.setattr(tinylm.checkpoint.torch, "save", disk_full_on_the_second_save)
+        corpus, tmp_path, monkeypatch):
+    save = torch.save
+    monkeypatch.setattr(tinylm.checkpoint.torch, "save", torch_save_failing_at(
+        2, OSError(errno.ENOSPC, "No space left on device")))
     run_dir = tmp_path / "run"
     with pytest.raises(OSError) as stopped:
         train(run_config(corpus, run_dir))

@@ -3,36 +3,23 @@
 import dataclasses
 from pathlib import Path
 
-import helpers
 import pytest
 import torch
-from helpers import run_cli, save_run
-from hydra import compose, initialize_config_dir
+from helpers import compose, run_cli
 from omegaconf import OmegaConf
 
 from tinylm.cli.generate import GenerateConfig, run_generate
-from tinylm.config import config_dir, to_dataclass
+from tinylm.config import to_dataclass
 from tinylm.generate import StreamDecoder, encode_prompt, generate, sample_next
-from tinylm.tokenizer import BPETokenizer
-
-CORPUS = ("Lily and Tom went to the park. She saw a big dog. It was happy. "
-          "Tom said, \"Look at the dog!\" He laughed. They played all day. Café au lait. ") * 4
 
 
-@pytest.fixture(scope="module")
-def tokenizer():
-    return BPETokenizer.train([CORPUS], vocab_size=300)
-
-
-def tiny_model(vocab_size, seed=0, **overrides):
-    return helpers.tiny_model(vocab_size, seed, **{"block_size": 16, "n_embd": 32, **overrides})
-
-
-@pytest.fixture(scope="module")
-def run_dir(tmp_path_factory, tokenizer):
-    """A run directory with one tiny (untrained) checkpoint."""
-    run = tmp_path_factory.mktemp("run")
-    return save_run(run, tiny_model(tokenizer.vocab_size, block_size=32, n_layer=1), tokenizer)
+@pytest.fixture
+def tiny_model(tiny_model):
+    """conftest's tiny models made to this file's measure: block_size 16, which decoding runs
+    past, and n_embd 32."""
+    def build(vocab_size, seed=0, **overrides):
+        return tiny_model(vocab_size, seed, **{"block_size": 16, "n_embd": 32, **overrides})
+    return build
 
 
 # ---- sampling -------------------------------------------------------------------------------
@@ -74,7 +61,7 @@ def test_same_seed_gives_the_same_samples():
 
 # ---- decoding -------------------------------------------------------------------------------
 
-def test_greedy_decoding_with_and_without_cache_gives_the_same_tokens():
+def test_greedy_decoding_with_and_without_cache_gives_the_same_tokens(tiny_model):
     model = tiny_model(60, seed=3)
     idx = torch.randint(0, 60, (2, 5))
     # 40 new tokens run well past block_size=16, through the sliding-window re-prefill
@@ -85,7 +72,7 @@ def test_greedy_decoding_with_and_without_cache_gives_the_same_tokens():
     assert torch.equal(cached[:, :5], idx)
 
 
-def test_uncached_greedy_step_is_the_argmax_of_the_last_block():
+def test_uncached_greedy_step_is_the_argmax_of_the_last_block(tiny_model):
     model = tiny_model(60, seed=4)
     idx = torch.randint(0, 60, (1, 20))  # longer than block_size: only the last 16 are read
     out = generate(model, idx, 1, temperature=0.0)
@@ -93,7 +80,7 @@ def test_uncached_greedy_step_is_the_argmax_of_the_last_block():
     assert out[0, -1] == expected
 
 
-def test_sampling_with_the_same_seed_repeats_itself():
+def test_sampling_with_the_same_seed_repeats_itself(tiny_model):
     model = tiny_model(60, seed=5)
     idx = torch.zeros(1, 1, dtype=torch.long)
 
@@ -105,7 +92,7 @@ def test_sampling_with_the_same_seed_repeats_itself():
     assert not torch.equal(sample(7), sample(8))
 
 
-def test_generation_stops_at_the_stop_token_and_pads_finished_rows():
+def test_generation_stops_at_the_stop_token_and_pads_finished_rows(tiny_model):
     model = tiny_model(60, seed=6)
     idx = torch.randint(0, 60, (2, 4))
     free = generate(model, idx, 10, temperature=0.0)
@@ -119,22 +106,22 @@ def test_generation_stops_at_the_stop_token_and_pads_finished_rows():
     assert len(streamed) == out.size(1) - 4
 
 
-def test_long_prompt_keeps_its_last_block_size_tokens(tokenizer):
+def test_long_prompt_keeps_its_last_block_size_tokens(bpe):
     text = "Lily and Tom went to the park. " * 10
-    ids, dropped = encode_prompt(tokenizer, text, block_size=16)
-    full = tokenizer.encode(text)
+    ids, dropped = encode_prompt(bpe, text, block_size=16)
+    full = bpe.encode(text)
     assert dropped == len(full) - 16 and ids == full[-16:]
 
 
-def test_empty_prompt_starts_from_endoftext(tokenizer):
-    assert encode_prompt(tokenizer, "", 16) == ([tokenizer.eot_id], 0)
+def test_empty_prompt_starts_from_endoftext(bpe):
+    assert encode_prompt(bpe, "", 16) == ([bpe.eot_id], 0)
 
 
-def test_stream_decoder_prints_multibyte_characters_whole(tokenizer):
+def test_stream_decoder_prints_multibyte_characters_whole(bpe):
     text = "Café 😀 ok"
-    ids = tokenizer.encode(text)
+    ids = bpe.encode(text)
     assert len(ids) > len(text.split())  # the emoji is split over several byte tokens
-    stream = StreamDecoder(tokenizer)
+    stream = StreamDecoder(bpe)
     pieces = [stream.push(i) for i in ids] + [stream.flush()]
     assert "".join(pieces) == text
     assert not any("\ufffd" in piece for piece in pieces)
@@ -143,8 +130,7 @@ def test_stream_decoder_prints_multibyte_characters_whole(tokenizer):
 # ---- the command ----------------------------------------------------------------------------
 
 def test_generate_yaml_and_config_dataclass_have_the_same_keys():
-    with initialize_config_dir(str(config_dir()), version_base="1.3"):
-        cfg = compose("generate", overrides=["checkpoint=x", "temperature=0", "top_k=5"])
+    cfg = compose("generate", ["checkpoint=x", "temperature=0", "top_k=5"])
     built = to_dataclass(GenerateConfig, cfg, "generate")
     yaml_keys = set(OmegaConf.to_container(cfg))
     assert yaml_keys == {f.name for f in dataclasses.fields(GenerateConfig)}
@@ -154,7 +140,8 @@ def test_generate_yaml_and_config_dataclass_have_the_same_keys():
     assert built.temperature == 0 and built.top_k == 5
 
 
-def test_run_generate_streams_prompt_and_text_reproducibly(run_dir, capsys):
+def test_run_generate_streams_prompt_and_text_reproducibly(trained_run, capsys):
+    run_dir, _ = trained_run
     cfg = GenerateConfig(checkpoint=str(run_dir), prompt="Lily and Tom", max_new_tokens=12,
                          num_samples=2, temperature=1.0, seed=11)
     texts = run_generate(cfg)
@@ -175,7 +162,8 @@ def _cli(*args, cwd):
 
 
 @pytest.mark.slow
-def test_cli_generates_and_inspects_into_the_run_directory(run_dir, tmp_path):
+def test_cli_generates_and_inspects_into_the_run_directory(trained_run_copy, tmp_path):
+    run_dir = trained_run_copy
     result = _cli(f"checkpoint={run_dir}", "prompt=Lily and Tom went to the park. She",
                   "max_new_tokens=8", "temperature=0", "inspect=true", cwd=tmp_path)
     assert result.returncode == 0, result.stderr
@@ -187,7 +175,8 @@ def test_cli_generates_and_inspects_into_the_run_directory(run_dir, tmp_path):
 
 
 @pytest.mark.slow
-def test_cli_names_the_truncated_weights_file_without_a_traceback(run_dir, tmp_path):
+def test_cli_names_the_truncated_weights_file_without_a_traceback(trained_run, tmp_path):
+    run_dir, _ = trained_run
     broken = tmp_path / "broken"
     checkpoint = (run_dir / "checkpoints" / "last").resolve()
     broken.mkdir()

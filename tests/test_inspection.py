@@ -5,7 +5,6 @@ import json
 
 import numpy as np
 import pytest
-from helpers import tiny_model
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from tinylm.inspection import (
@@ -21,19 +20,14 @@ from tinylm.inspection import (
     word_level,
 )
 from tinylm.inspection_output import inspect_texts, pronoun_summary
-from tinylm.tokenizer import BPETokenizer, CharTokenizer
+from tinylm.tokenizer import CharTokenizer
 
 TEXT = "Lily and Tom went to the park. She saw a big dog. It was happy."
 
 
-@pytest.fixture(scope="module")
-def tokenizer():
-    return BPETokenizer.train([TEXT * 3 + " Tom's cat ran. He laughed."], vocab_size=290)
-
-
-def test_capture_records_every_layer_and_head_as_causal_distributions(tokenizer):
-    capture = capture_attention(tiny_model(tokenizer.vocab_size), tokenizer, TEXT)
-    t = len(tokenizer.encode(TEXT))
+def test_capture_records_every_layer_and_head_as_causal_distributions(model, bpe):
+    capture = capture_attention(model, bpe, TEXT)
+    t = len(bpe.encode(TEXT))
     assert capture.weights.shape == (2, 2, t, t)
     assert capture.n_text_tokens == t and len(capture.tokens) == t
     np.testing.assert_allclose(capture.weights.sum(-1), 1.0, atol=1e-5)  # rows sum to 1
@@ -42,27 +36,27 @@ def test_capture_records_every_layer_and_head_as_causal_distributions(tokenizer)
     assert (capture.weights[..., ~upper] > 0).all()
 
 
-def test_capture_of_a_long_text_keeps_one_block_from_the_start_or_the_end(tokenizer):
-    model = tiny_model(tokenizer.vocab_size, block_size=8)
-    ids, offsets = tokenizer.encode_with_offsets(TEXT)
-    first = capture_attention(model, tokenizer, TEXT)
+def test_capture_of_a_long_text_keeps_one_block_from_the_start_or_the_end(tiny_model, bpe):
+    model = tiny_model(bpe.vocab_size, block_size=8)
+    ids, offsets = bpe.encode_with_offsets(TEXT)
+    first = capture_attention(model, bpe, TEXT)
     assert first.weights.shape[-1] == 8 and first.ids == ids[:8] and first.start == 0
     assert first.words[first.token_words[0]] == "Lily"
-    last = capture_attention(model, tokenizer, TEXT, keep="last")
+    last = capture_attention(model, bpe, TEXT, keep="last")
     assert last.ids == ids[-8:] and last.offsets == [tuple(o) for o in offsets[-8:]]
     assert last.start == len(ids) - 8 and last.n_text_tokens == len(ids)
     assert last.words[last.token_words[-2]] == "happy"
     assert f"tokens {len(ids) - 8}..{len(ids) - 1}" in last.window_note()
 
 
-def test_tokens_map_to_words_through_offsets_with_leading_spaces(tokenizer):
+def test_tokens_map_to_words_through_offsets_with_leading_spaces(bpe):
     text = "Tom's cat ran."
     spans = find_words(text)
     assert [text[s:e] for s, e in spans] == ["Tom's", "cat", "ran"]
     # byte-level offsets: " cat" includes its space; "." belongs to no word
     assert token_word_index([(0, 3), (3, 5), (5, 9), (9, 13), (13, 14)], spans, len(text)) == \
         [0, 0, 1, 2, -1]
-    ids, offsets = tokenizer.encode_with_offsets(text)
+    ids, offsets = bpe.encode_with_offsets(text)
     words = token_word_index(offsets, spans, len(text))
     assert words[-1] == -1 and sorted(set(words) - {-1}) == [0, 1, 2]
     assert word_at(spans, 6) == 1 and word_at(spans, 7) is None
@@ -148,7 +142,7 @@ def test_the_two_query_positions_read_the_pronoun_and_the_token_before_it():
     assert lines[1].startswith(f"'She' at character {she}, resolving (from 'She'): 2/4 heads")
 
 
-def test_a_pronoun_that_opens_the_text_has_no_deciding_reading_and_the_rest_is_kept():
+def test_a_pronoun_that_opens_the_text_has_no_deciding_reading_and_the_rest_is_kept(tiny_model):
     text = "She smiled. Then Lily saw her."
     tokenizer = CharTokenizer.train([text])
     model = tiny_model(tokenizer.vocab_size)
@@ -180,10 +174,9 @@ def test_names_are_listed_or_capitalised_mid_sentence_words():
     assert {"he", "She", "It", "their", "Them"} <= PRONOUNS and "Lily" not in PRONOUNS
 
 
-def test_inspection_writes_tensorboard_images_text_png_and_npz(tokenizer, tmp_path):
-    model = tiny_model(tokenizer.vocab_size)
+def test_inspection_writes_tensorboard_images_text_png_and_npz(model, bpe, tmp_path):
     text = "Lily and Tom went to the park. She saw a big dog."
-    inspect_texts(model, tokenizer, [text], tmp_path, prompt_chars=34)
+    inspect_texts(model, bpe, [text], tmp_path, prompt_chars=34)
     events = EventAccumulator(str(tmp_path), size_guidance={"images": 0, "tensors": 0})
     events.Reload()
     images = set(events.Tags()["images"])
@@ -200,9 +193,9 @@ def test_inspection_writes_tensorboard_images_text_png_and_npz(tokenizer, tmp_pa
     for tag in images:
         assert (tmp_path / f"{tag}.png").read_bytes().startswith(b"\x89PNG")
     saved = np.load(tmp_path / "attention.npz")
-    t = len(tokenizer.encode(text))
+    t = len(bpe.encode(text))
     assert saved["weights"].shape == (2, 2, t, t) and list(saved["tokens"]) == \
-        tokenizer.token_strings(tokenizer.encode(text))
+        bpe.token_strings(bpe.encode(text))
     table = (tmp_path / "pronouns.md").read_text()
     assert "'She' at character 31, deciding (from '.' before 'She')" in table
     assert "'She' at character 31, resolving (from 'She')" in table

@@ -3,7 +3,6 @@
 import pytest
 import torch
 import torch.nn.functional as F
-from helpers import tiny_model
 
 import tinylm.loss
 from tinylm.loss import lm_head_cross_entropy
@@ -83,7 +82,7 @@ def test_all_rows_ignored_gives_zero_loss_and_gradient():
     assert loss.item() == 0.0 and not grad_h.any() and not grad_weight.any()
 
 
-def test_the_model_without_logits_trains_exactly_like_with_them():
+def test_the_model_without_logits_trains_exactly_like_with_them(tiny_model):
     model = tiny_model(60, seed=4, block_size=16, dropout=0.0)
     idx, targets = torch.randint(0, 60, (3, 16)), torch.randint(0, 60, (3, 16))
     targets[0, :5] = -1
@@ -100,7 +99,7 @@ def test_the_model_without_logits_trains_exactly_like_with_them():
         assert (full - chunked).abs().max() <= 1e-6
 
 
-def test_the_model_needs_targets_to_skip_the_logits():
+def test_the_model_needs_targets_to_skip_the_logits(tiny_model):
     model = tiny_model(20, block_size=8, n_layer=1, n_head=1, n_embd=8)
     with pytest.raises(ValueError, match="pass targets"):
         model(torch.zeros(1, 8, dtype=torch.long), need_logits=False)

@@ -1,18 +1,21 @@
 """Behaviour of tinylm.model: causality, the KV cache, attention capture, config checks."""
 
-import helpers
 import pytest
 import torch
 
 from tinylm.model import ModelConfig
 
 
-def tiny_model(seed=0, vocab_size=50, **overrides):
-    return helpers.tiny_model(vocab_size, seed,
-                              **{"block_size": 16, "n_head": 4, "n_embd": 32, **overrides})
+@pytest.fixture
+def tiny_model(tiny_model):
+    """conftest's tiny models made to this file's measure: block_size 16, 4 heads, n_embd 32."""
+    def build(seed=0, vocab_size=50, **overrides):
+        return tiny_model(vocab_size, seed,
+                          **{"block_size": 16, "n_head": 4, "n_embd": 32, **overrides})
+    return build
 
 
-def test_logits_at_or_before_t_ignore_later_tokens():
+def test_logits_at_or_before_t_ignore_later_tokens(tiny_model):
     model = tiny_model()
     idx = torch.randint(0, 50, (2, 12))
     changed = idx.clone()
@@ -24,7 +27,7 @@ def test_logits_at_or_before_t_ignore_later_tokens():
 
 
 @pytest.mark.parametrize("return_attention", [False, True])
-def test_gradient_of_output_t_wrt_later_inputs_is_exactly_zero(return_attention):
+def test_gradient_of_output_t_wrt_later_inputs_is_exactly_zero(return_attention, tiny_model):
     model = tiny_model(seed=1)
     idx = torch.randint(0, 50, (1, 10))
     captured = {}
@@ -43,7 +46,7 @@ def test_gradient_of_output_t_wrt_later_inputs_is_exactly_zero(return_attention)
     assert grad[: t + 1].abs().sum() > 0
 
 
-def test_loss_is_cross_entropy_of_the_targets():
+def test_loss_is_cross_entropy_of_the_targets(tiny_model):
     model = tiny_model()
     idx = torch.randint(0, 50, (2, 8))
     targets = torch.randint(0, 50, (2, 8))
@@ -55,7 +58,7 @@ def test_loss_is_cross_entropy_of_the_targets():
     assert model(idx)[1] is None
 
 
-def test_attention_weights_of_every_layer_when_asked():
+def test_attention_weights_of_every_layer_when_asked(tiny_model):
     model = tiny_model()
     _, _, attentions = model(torch.randint(0, 50, (3, 9)), return_attention=True)
     assert len(attentions) == 2
@@ -66,7 +69,7 @@ def test_attention_weights_of_every_layer_when_asked():
     assert model(torch.randint(0, 50, (1, 4)))[2] is None
 
 
-def test_fast_and_explicit_paths_give_the_same_logits():
+def test_fast_and_explicit_paths_give_the_same_logits(tiny_model):
     model = tiny_model(seed=2)
     idx = torch.randint(0, 50, (2, 16))
     fast = model(idx).logits
@@ -75,7 +78,7 @@ def test_fast_and_explicit_paths_give_the_same_logits():
 
 
 @pytest.mark.parametrize("return_attention", [False, True])
-def test_kv_cache_decoding_matches_full_forward_token_by_token(return_attention):
+def test_kv_cache_decoding_matches_full_forward_token_by_token(return_attention, tiny_model):
     model = tiny_model(seed=3)
     idx = torch.randint(0, 50, (2, 14))
     full = model(idx).logits
@@ -87,7 +90,7 @@ def test_kv_cache_decoding_matches_full_forward_token_by_token(return_attention)
     assert (torch.cat(steps, dim=1) - full).abs().max() <= 1e-5
 
 
-def test_rewound_cache_decodes_like_a_fresh_prefill():
+def test_rewound_cache_decodes_like_a_fresh_prefill(tiny_model):
     model = tiny_model(seed=5)
     idx = torch.randint(0, 50, (2, 12))
     other = torch.randint(0, 50, (2, 3))  # what follows the first 7 tokens instead
@@ -102,7 +105,7 @@ def test_rewound_cache_decodes_like_a_fresh_prefill():
     assert (rewound - fresh).abs().max() <= 1e-5
 
 
-def test_reset_cache_starts_a_new_sequence_at_position_0():
+def test_reset_cache_starts_a_new_sequence_at_position_0(tiny_model):
     model = tiny_model(seed=6)
     idx = torch.randint(0, 50, (1, 6))
     cache = model.new_kv_cache(1)
@@ -115,7 +118,7 @@ def test_reset_cache_starts_a_new_sequence_at_position_0():
 
 
 @pytest.mark.parametrize("position", [-1, 6, 2.0, True, None])
-def test_rewind_refuses_positions_outside_the_cache(position):
+def test_rewind_refuses_positions_outside_the_cache(position, tiny_model):
     model = tiny_model()
     cache = model.new_kv_cache(1)
     model(torch.zeros(1, 5, dtype=torch.long), kv_cache=cache)
@@ -125,7 +128,7 @@ def test_rewind_refuses_positions_outside_the_cache(position):
     assert cache.length == 5
 
 
-def test_only_the_cache_moves_its_length():
+def test_only_the_cache_moves_its_length(tiny_model):
     cache = tiny_model().new_kv_cache(1)
     with pytest.raises(AttributeError):
         cache.length = 3
@@ -133,7 +136,7 @@ def test_only_the_cache_moves_its_length():
         cache.advance(-1)
 
 
-def test_sequence_longer_than_block_size_is_rejected():
+def test_sequence_longer_than_block_size_is_rejected(tiny_model):
     model = tiny_model()
     with pytest.raises(ValueError, match="longer than block_size=16"):
         model(torch.zeros(1, 17, dtype=torch.long))
@@ -143,18 +146,18 @@ def test_sequence_longer_than_block_size_is_rejected():
         model(torch.zeros(1, 1, dtype=torch.long), kv_cache=cache)
 
 
-def test_lm_head_is_tied_to_token_embedding():
+def test_lm_head_is_tied_to_token_embedding(tiny_model):
     model = tiny_model()
     assert model.lm_head.weight is model.wte.weight
 
 
-def test_residual_projections_get_the_smaller_gpt2_init():
+def test_residual_projections_get_the_smaller_gpt2_init(tiny_model):
     model = tiny_model(n_layer=8, n_embd=64, vocab_size=500)
     assert abs(model.blocks[0].attn.qkv_proj.weight.std().item() - 0.02) < 0.002
     assert abs(model.blocks[0].mlp.proj.weight.std().item() - 0.02 / 4) < 0.001
 
 
-def test_parameter_count_and_flops_per_token():
+def test_parameter_count_and_flops_per_token(tiny_model):
     model = tiny_model(bias=False)
     c = model.config
     # attention (qkv + out), MLP (4x up + down), two LayerNorm weights
@@ -165,7 +168,7 @@ def test_parameter_count_and_flops_per_token():
     assert model.flops_per_token(8) == 6 * expected + 12 * c.n_layer * c.n_embd * 8
 
 
-def test_head_mask_of_ones_changes_nothing_and_zero_changes_logits():
+def test_head_mask_of_ones_changes_nothing_and_zero_changes_logits(tiny_model):
     model = tiny_model(seed=4)
     idx = torch.randint(0, 50, (1, 8))
     plain = model(idx).logits

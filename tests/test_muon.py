@@ -3,18 +3,17 @@
 import pytest
 import torch
 
-from tinylm.model import ModelConfig, TinyLM
 from tinylm.muon import MuonWithAdamW
 from tinylm.optim import OptimConfig, configure_optimizer, lr_at
 
 
-def small_model(bias=True):
-    torch.manual_seed(0)
-    return TinyLM(ModelConfig(vocab_size=50, block_size=8, n_layer=2, n_head=2, n_embd=8,
-                              bias=bias))
+@pytest.fixture
+def small_model(tiny_model):
+    """A 2-layer model of n_embd 8 in training mode."""
+    return lambda bias=True: tiny_model(50, block_size=8, n_embd=8, bias=bias).train()
 
 
-def test_muon_takes_the_blocks_matrices_and_adamw_the_rest():
+def test_muon_takes_the_blocks_matrices_and_adamw_the_rest(small_model):
     model = small_model()
     optimizer = configure_optimizer(model, OptimConfig(name="muon", lr=1e-3, muon_lr=0.02))
     assert isinstance(optimizer, MuonWithAdamW)
@@ -37,7 +36,7 @@ def test_muon_takes_the_blocks_matrices_and_adamw_the_rest():
     assert optimizer.muon.param_groups[0]["momentum"] == 0.95
 
 
-def test_muon_and_adamw_both_move_their_parameters_and_save_their_state():
+def test_muon_and_adamw_both_move_their_parameters_and_save_their_state(small_model):
     model = small_model()
     optimizer = configure_optimizer(model, OptimConfig(name="muon"))
     before = {n: p.detach().clone() for n, p in model.named_parameters()}
@@ -53,11 +52,11 @@ def test_muon_and_adamw_both_move_their_parameters_and_save_their_state():
     assert again.state_dict()["muon"]["state"].keys() == state["muon"]["state"].keys()
 
 
-def test_adamw_is_still_the_default():
+def test_adamw_is_still_the_default(small_model):
     assert isinstance(configure_optimizer(small_model(), OptimConfig()), torch.optim.AdamW)
 
 
-def test_the_schedule_reaches_muon_through_its_scale():
+def test_the_schedule_reaches_muon_through_its_scale(small_model):
     optim = OptimConfig(name="muon", lr=1e-3, muon_lr=0.03, warmup_steps=0, min_lr=1e-4)
     optimizer = configure_optimizer(small_model(), optim)
     lr = lr_at(500, optim, max_steps=1000)

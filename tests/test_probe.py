@@ -9,14 +9,13 @@ from collections import Counter
 import numpy as np
 import pytest
 import torch
-from helpers import run_cli, save_run, tiny_model
-from hydra import compose, initialize_config_dir
+from helpers import compose, run_cli, save_run
 from omegaconf import OmegaConf
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from torch import nn
 
 from tinylm.cli.probe import ProbeConfig, format_report, run_probe
-from tinylm.config import config_dir, project_root, to_dataclass
+from tinylm.config import project_root, to_dataclass
 from tinylm.deciding import evidence, prediction_match
 from tinylm.inspection import NAMES, find_words
 from tinylm.model import LMOutput, TinyLM
@@ -41,7 +40,7 @@ from tinylm.probe_items import (
     new_word_tokens,
     parse_item,
 )
-from tinylm.tokenizer import BPETokenizer, CharTokenizer
+from tinylm.tokenizer import CharTokenizer
 
 PROBES = project_root() / "data" / "probes"
 
@@ -59,13 +58,6 @@ def item(text, pronoun, antecedents, distractors=None, wrong=None, **extra):
     if wrong is not None:
         line["wrong_pronoun"] = wrong
     return {**line, **extra}
-
-
-@pytest.fixture(scope="module")
-def bpe():
-    texts = [json.loads(line)["text"] for name in ("pronouns", "agreement")
-             for line in (PROBES / f"{name}.jsonl").read_text().splitlines()]
-    return BPETokenizer.train(texts, vocab_size=300)
 
 
 # ---- attention scoring ------------------------------------------------------------------------
@@ -107,8 +99,7 @@ def test_baselines_choose_the_nearest_or_the_first_mentioned_character():
     assert baselines(items[3:]) == {"nearest mention": 0.0, "first mention": 0.0}
 
 
-def test_model_attention_is_read_at_the_pronoun_and_is_the_same_batched_or_alone(bpe):
-    model = tiny_model(bpe.vocab_size)
+def test_model_attention_is_read_at_the_pronoun_and_is_the_same_batched_or_alone(model, bpe):
     lines = [item("Lily and Tom went to the park. She saw a big red ball.", "She", ["Lily"],
                   ["Tom"]),
              item("Tom had a kite. Mia had a ball. The wind was strong, and his kite flew.",
@@ -193,7 +184,7 @@ def test_the_wrong_pronoun_is_tokenized_like_the_written_one(bpe):
     line = parse_item(item("Tom ran. He sat.", "He", ["Tom"], wrong="she"), "t")
     enc = encode_agreement_item(bpe, line, 64)
     assert bpe.decode(enc.wrong[enc.n_context:]) == " She"  # capitalised like "He"
-    # this BPE reads " She" as " S" "he" and " He" as " " "H" "e": the words start after "."
+    # whatever pieces the BPE cuts " He" and " She" into, both words start after "."
     assert enc.written[:enc.n_context] == enc.wrong[:enc.n_context]
     assert bpe.decode(enc.written[enc.n_context:]) == " He"
 
@@ -203,7 +194,7 @@ def test_the_wrong_pronoun_is_tokenized_like_the_written_one(bpe):
 F, M, SHE, HE, DOT, X = range(6)  # token ids of the hand-built model
 
 
-def hand_built_model() -> TinyLM:
+def hand_built_model(tiny_model) -> TinyLM:
     """One layer, two heads. Head 0 carries the name's gender to the pronoun's position; head 1
     computes something that never reaches the output.
 
@@ -228,8 +219,9 @@ def hand_built_model() -> TinyLM:
     return model
 
 
-def test_ablating_the_head_that_carries_the_name_removes_the_margin_and_the_other_changes_nothing():
-    model = hand_built_model()
+def test_ablating_the_head_that_carries_the_name_removes_the_margin_and_the_other_changes_nothing(
+        tiny_model):
+    model = hand_built_model(tiny_model)
     # "F x x . she" (wrong: he) and "M x . he" (wrong: she)
     encoded = [EncodedAgreementItem([F, X, X, DOT, SHE], [F, X, X, DOT, HE], 4),
                EncodedAgreementItem([M, X, DOT, HE], [M, X, DOT, SHE], 3)]
@@ -295,7 +287,7 @@ def test_evidence_flags_heads_high_on_both_attention_and_margin_loss():
 FIRST, ONE = 6, 7  # embedding dims: "at position 0" and a constant
 
 
-def deciding_model() -> TinyLM:
+def deciding_model(tiny_model) -> TinyLM:
     """One layer, four heads of 8 dims, built so that the pronoun is decided by attention to the
     name.
 
@@ -342,8 +334,8 @@ def names_item(ids, name_positions, distractor_positions=()):
                                 [token_words[p] for p in distractor_positions])
 
 
-def test_a_model_built_to_decide_at_the_name_shows_it_in_every_deciding_reading():
-    model = deciding_model()
+def test_a_model_built_to_decide_at_the_name_shows_it_in_every_deciding_reading(tiny_model):
+    model = deciding_model(tiny_model)
     new_word = torch.tensor([False, False, False, False, True, False])  # "." ends a word
     # agreement items: the name first (two of them) or later (two)
     sequences = [([F, X, X, DOT], SHE, HE, 0), ([M, X, DOT], HE, SHE, 0),
@@ -388,7 +380,7 @@ def test_a_model_built_to_decide_at_the_name_shows_it_in_every_deciding_reading(
     assert all(abs(r["delta_mean_margin"]) < 1e-6 for r in rows[1:])
 
 
-def test_her_has_no_derived_wrong_pronoun_and_is_left_out_of_the_match_and_counted(bpe):
+def test_her_has_no_derived_wrong_pronoun_and_is_left_out_of_the_match_and_counted(model, bpe):
     lines = [item("Lily and Tom went to the park. She saw a big red ball.", "She", ["Lily"],
                   ["Tom"]),
              item("Tom and Mia went to the park. A dog ran to her.", "her", ["Mia"], ["Tom"]),
@@ -397,7 +389,7 @@ def test_her_has_no_derived_wrong_pronoun_and_is_left_out_of_the_match_and_count
              item("Lily went to the park. After a while, she saw a big dog.", "she", ["Lily"],
                   wrong="he")]
     items = [parse_item(x, f"t{n}") for n, x in enumerate(lines)]
-    report = probe(tiny_model(bpe.vocab_size), bpe, items, ablate=True)
+    report = probe(model, bpe, items, ablate=True)
     d = report["deciding"]
     assert d["n_attention"] == 2 and d["n_attention_left_out"] == 1 and d["n_agreement"] == 1
     assert len(d["prediction_match"]) == 4 and len(report["evidence"]) == 4
@@ -487,7 +479,7 @@ def test_a_mixed_file_loads_both_kinds_and_ignores_other_fields(tmp_path):
 # ---- the command ------------------------------------------------------------------------------
 
 @pytest.fixture(scope="module")
-def run_dir(tmp_path_factory, bpe):
+def run_dir(tmp_path_factory, tiny_model, bpe):
     run = tmp_path_factory.mktemp("run")
     # the shipped items are < 128 characters
     return save_run(run, tiny_model(bpe.vocab_size, block_size=128), bpe)
@@ -509,9 +501,8 @@ def test_the_ablation_table_lines_up_its_columns_under_their_titles():
 
 
 def test_probe_yaml_and_config_dataclass_have_the_same_keys():
-    with initialize_config_dir(str(config_dir()), version_base="1.3"):
-        cfg = compose("probe", overrides=["checkpoint=x", "ablate=true",
-                                          "probe_file=data/probes/agreement.jsonl"])
+    cfg = compose("probe", ["checkpoint=x", "ablate=true",
+                            "probe_file=data/probes/agreement.jsonl"])
     built = to_dataclass(ProbeConfig, cfg, "probe")
     assert set(OmegaConf.to_container(cfg)) == {f.name for f in dataclasses.fields(ProbeConfig)}
     assert built.ablate is True and built.probe_file == ["data/probes/agreement.jsonl"]

@@ -13,15 +13,13 @@ import urllib.request
 
 import numpy as np
 import pytest
-from helpers import tensorboard_server, tiny_model
+from helpers import STARTUP_TIMEOUT_S, run_config, tensorboard_server
 from tensorboard.backend import application
 from tensorboard.backend.event_processing import data_provider as tb_data_provider
 from tensorboard.backend.event_processing import plugin_event_multiplexer
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from tensorboard.plugins import base_plugin
 from tensorboard.util import tensor_util
-from test_tensorboard_server import STARTUP_TIMEOUT_S
-from test_train import corpus, run_config  # noqa: F401  (corpus: the fixture run_config needs)
 from torch.utils.tensorboard import SummaryWriter
 from werkzeug.test import Client
 
@@ -60,12 +58,15 @@ def stored_texts(logdir):
     return found
 
 
-def char_capture(text, n_layer, n_head, block_size):
-    """Attention of an untrained char-level model over `text` (cut to block_size tokens)."""
-    tokenizer = CharTokenizer.train([text])
-    model = tiny_model(tokenizer.vocab_size, n_layer=n_layer, n_head=n_head,
-                       block_size=block_size)
-    return capture_attention(model, tokenizer, text)
+@pytest.fixture(scope="module")
+def char_capture(tiny_model):
+    def capture(text, n_layer, n_head, block_size):
+        """Attention of an untrained char-level model over `text` (cut to block_size tokens)."""
+        tokenizer = CharTokenizer.train([text])
+        model = tiny_model(tokenizer.vocab_size, n_layer=n_layer, n_head=n_head,
+                           block_size=block_size)
+        return capture_attention(model, tokenizer, text)
+    return capture
 
 
 def write_text(logdir, name, capture, step=0):
@@ -87,7 +88,8 @@ def in_process_app(logdir):
 # ------------------------------------------------------------------------------- the data
 
 
-def test_the_summary_holds_float16_weights_and_the_words_pronouns_and_names(tmp_path):
+def test_the_summary_holds_float16_weights_and_the_words_pronouns_and_names(
+        tmp_path, char_capture):
     capture = char_capture(STORY, n_layer=2, n_head=4, block_size=256)
     write_text(tmp_path, "story", capture, step=7)
     ((tag, (content, weights)),) = stored_texts(tmp_path).items()
@@ -102,7 +104,8 @@ def test_the_summary_holds_float16_weights_and_the_words_pronouns_and_names(tmp_
     assert [words[i] for i in content["names"]] == ["Lily", "Tom", "Tom"]
 
 
-def test_a_text_longer_than_the_context_keeps_the_inspected_window_and_says_so(tmp_path):
+def test_a_text_longer_than_the_context_keeps_the_inspected_window_and_says_so(
+        tmp_path, char_capture):
     capture = char_capture(STORY, n_layer=1, n_head=2, block_size=64)
     content = attention_summary("story", capture, 0).value[0].metadata.plugin_data.content
     content = json.loads(content)
@@ -111,7 +114,7 @@ def test_a_text_longer_than_the_context_keeps_the_inspected_window_and_says_so(t
                                       "context: these are its tokens 0..63")
 
 
-def test_inspect_true_writes_the_plugin_data_beside_the_images(tmp_path):
+def test_inspect_true_writes_the_plugin_data_beside_the_images(tmp_path, tiny_model):
     tokenizer = CharTokenizer.train([STORY])
     model = tiny_model(tokenizer.vocab_size, n_layer=1, n_head=2)
     inspect_texts(model, tokenizer, ["Lily saw Tom. She ran."], tmp_path)
@@ -130,7 +133,8 @@ def test_an_empty_logdir_lists_no_texts_and_says_what_to_run(tmp_path):
     assert "tinylm-train" in HOW_TO_MAKE_DATA and "inspect=true" in HOW_TO_MAKE_DATA
 
 
-def test_older_or_truncated_data_is_named_by_run_and_file_and_the_rest_still_shows(tmp_path):
+def test_older_or_truncated_data_is_named_by_run_and_file_and_the_rest_still_shows(
+        tmp_path, char_capture):
     capture = char_capture("Lily saw Tom. She ran.", n_layer=1, n_head=2, block_size=32)
     write_text(tmp_path / "good", "inspect", capture)
     old = attention_summary("inspect", capture, 0)
@@ -153,7 +157,7 @@ def test_older_or_truncated_data_is_named_by_run_and_file_and_the_rest_still_sho
     assert "truncated" in problems["cut"]["message"]
 
 
-def test_requests_can_name_only_tinylm_runs_never_a_path(tmp_path):
+def test_requests_can_name_only_tinylm_runs_never_a_path(tmp_path, char_capture):
     capture = char_capture("Lily saw Tom. She ran.", n_layer=1, n_head=2, block_size=32)
     write_text(tmp_path / "logs" / "run", "inspect", capture)
     secret = tmp_path / "secret"
@@ -190,7 +194,7 @@ def wait_for(condition, timeout, what):
 
 
 @pytest.fixture(scope="module")
-def logdir(corpus, tmp_path_factory):  # noqa: F811  (corpus is test_train's fixture)
+def logdir(corpus, tmp_path_factory, char_capture):
     """A trained tiny run with a probe report, a 128-token and a 512-token text."""
     root = tmp_path_factory.mktemp("tensorboard")
     train_dir = root / "train"

@@ -7,14 +7,10 @@ import urllib.parse
 import urllib.request
 
 import pytest
-import torch
-from helpers import tensorboard_server
+from helpers import STARTUP_TIMEOUT_S, tensorboard_server
 
 from tinylm.inspection_output import inspect_texts
-from tinylm.model import ModelConfig, TinyLM
 from tinylm.tokenizer import CharTokenizer
-
-STARTUP_TIMEOUT_S = 90
 
 
 def get(url: str) -> bytes:
@@ -23,12 +19,10 @@ def get(url: str) -> bytes:
 
 
 @pytest.mark.slow
-def test_tensorboard_serves_the_attention_images_over_http(tmp_path):
+def test_tensorboard_serves_the_attention_images_over_http(tmp_path, tiny_model):
     text = "Lily saw Tom. She ran."
     tokenizer = CharTokenizer.train([text])
-    torch.manual_seed(0)
-    model = TinyLM(ModelConfig(vocab_size=tokenizer.vocab_size, block_size=32, n_layer=1,
-                               n_head=2, n_embd=16)).eval()
+    model = tiny_model(tokenizer.vocab_size, block_size=32, n_layer=1)
     inspect_texts(model, tokenizer, [text], tmp_path / "logs")
 
     log = tmp_path / "tensorboard.log"

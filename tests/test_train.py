@@ -14,8 +14,7 @@ import time
 import numpy as np
 import pytest
 import torch
-from helpers import run_cli
-from hydra import compose, initialize_config_dir
+from helpers import TINY, TRAINED_RUN, compose, run_cli, run_config, torch_save_failing_at
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 import tinylm.checkpoint
@@ -31,42 +30,6 @@ from tinylm.runtime import TrainingInterrupted
 from tinylm.train import TrainingDiverged, train, validation_loss
 from tinylm.train_config import RunConfig
 
-# A tiny model on a tiny corpus: a run of 30 steps takes about a second on a quiet core.
-TINY = ["data=text", "tokenizer.vocab_size=300", "model.n_layer=2", "model.n_head=2",
-        "model.n_embd=32", "model.block_size=32", "train.batch_size=8", "train.max_steps=30",
-        "train.eval_interval=10", "train.eval_batches=2", "train.checkpoint_interval=10",
-        "train.log_interval=1", "train.sample_tokens=0", "train.probe_prompt=''",
-        "train.device=cpu", "train.precision=fp32", "optim.lr=1e-2", "optim.warmup_steps=5",
-        # two separate runs (full_run and one stopped and resumed) match bit for bit only with
-        # the same thread count, and auto may choose another one for each as the load changes
-        "train.threads=1"]
-PEOPLE = [("Lily", "she"), ("Tom", "he"), ("Mia", "she"), ("Ben", "he"), ("Sue", "she")]
-THINGS = ["ball", "cat", "kite", "cake", "red box", "little dog"]
-
-
-def story(rng: random.Random) -> str:
-    name, pronoun = rng.choice(PEOPLE)
-    thing = rng.choice(THINGS)
-    return (f"Once upon a time, {name} found a {thing}. {pronoun.capitalize()} was very happy. "
-            f"{name} played with the {thing} all day, and then {pronoun} went home.")
-
-
-@pytest.fixture(scope="module")
-def corpus(tmp_path_factory):
-    """A small TinyStories-like text, and one data cache for every run in this module."""
-    root = tmp_path_factory.mktemp("corpus")
-    rng = random.Random(0)
-    (root / "stories.txt").write_text("\n\n".join(story(rng) for _ in range(300)))
-    return root
-
-
-def run_config(corpus, run_dir, *overrides) -> RunConfig:
-    """Compose conf/ like the command line does, with TINY and `overrides` on top."""
-    with initialize_config_dir(config_dir=str(config_dir()), version_base="1.3"):
-        cfg = compose("config", [*TINY, f"data.files=[{corpus / 'stories.txt'}]",
-                                 f"data.cache_dir={corpus / 'cache'}", *overrides])
-    return RunConfig.from_config(cfg, run_dir)
-
 
 def scalars(run_dir, tag):
     events = EventAccumulator(str(run_dir / "tensorboard"), size_guidance={"scalars": 0})
@@ -76,15 +39,6 @@ def scalars(run_dir, tag):
 
 def weights(run_dir, tag="last"):
     return load_checkpoint(run_dir, prefer=tag).model.state_dict()
-
-
-@pytest.fixture(scope="module")
-def full_run(corpus, tmp_path_factory):
-    """One uninterrupted run with dropout (so the RNG matters), shared by several tests."""
-    run_dir = tmp_path_factory.mktemp("full") / "run"
-    metrics = train(run_config(corpus, run_dir, "model.dropout=0.1", "train.sample_tokens=16",
-                               "train.probe_prompt='Lily went home. She'"))
-    return run_dir, metrics
 
 
 # ------------------------------------------------------------------------------- configs
@@ -100,15 +54,13 @@ def group_options(group):
     f"experiment={name}" for name in group_options("experiment")])
 def test_every_config_option_and_experiment_builds_its_dataclasses(override):
     extra = ["data.files=[a.txt]"] if override == "data=text" else []
-    with initialize_config_dir(config_dir=str(config_dir()), version_base="1.3"):
-        cfg = compose("config", [override, *extra])
+    cfg = compose("config", [override, *extra])
     run = RunConfig.from_config(cfg, "runs/x")
     assert run.train.max_steps >= 1 and run.optim.lr > 0
 
 
 def test_shakespeare_char_experiment_has_nanogpts_cpu_settings():
-    with initialize_config_dir(config_dir=str(config_dir()), version_base="1.3"):
-        run = RunConfig.from_config(compose("config", ["experiment=shakespeare_char"]), "x")
+    run = RunConfig.from_config(compose("config", ["experiment=shakespeare_char"]), "x")
     m, o, t = run.model, run.optim, run.train
     assert (run.data.name, run.tokenizer.name) == ("tinyshakespeare", "char")
     assert (m.n_layer, m.n_head, m.n_embd, m.block_size, m.dropout, m.bias) == (
@@ -120,8 +72,7 @@ def test_shakespeare_char_experiment_has_nanogpts_cpu_settings():
     assert (o.name, o.muon_lr) == ("muon", 0.03)
     nanogpt = ["experiment=shakespeare_char", "optim=adamw", "optim.lr=1e-3",
                "train.max_steps=2000", "optim.lr_decay_steps=2000"]  # as the preset says
-    with initialize_config_dir(config_dir=str(config_dir()), version_base="1.3"):
-        adamw = RunConfig.from_config(compose("config", nanogpt), "x")
+    adamw = RunConfig.from_config(compose("config", nanogpt), "x")
     assert (adamw.optim.name, adamw.optim.lr, adamw.optim.beta1, adamw.optim.lr_decay_steps,
             adamw.train.max_steps) == ("adamw", 1e-3, 0.8, 2000, 2000)
 
@@ -136,9 +87,8 @@ def test_lr_warms_up_linearly_then_follows_a_cosine_to_min_lr():
     assert lrs[110:] == [1e-4] * 90
 
 
-def test_weight_decay_skips_norms_biases_and_the_tied_embedding():
-    model = tinylm.model.TinyLM(tinylm.model.ModelConfig(vocab_size=50, block_size=8, n_layer=1,
-                                                         n_head=2, n_embd=8, bias=True))
+def test_weight_decay_skips_norms_biases_and_the_tied_embedding(tiny_model):
+    model = tiny_model(50, block_size=8, n_layer=1, n_embd=8, bias=True)
     decay, no_decay = configure_optimizer(model, OptimConfig()).param_groups
     names = {id(p): n for n, p in model.named_parameters()}
     decayed = sorted(names[id(p)] for p in decay["params"])
@@ -152,8 +102,8 @@ def test_weight_decay_skips_norms_biases_and_the_tied_embedding():
 # ------------------------------------------------------------------------------ the loop
 
 
-def test_short_run_lowers_the_loss_and_writes_a_loadable_checkpoint(full_run):
-    run_dir, metrics = full_run
+def test_short_run_lowers_the_loss_and_writes_a_loadable_checkpoint(trained_run):
+    run_dir, metrics = trained_run
     val = scalars(run_dir, "val/loss")
     assert [s for s, _ in val] == [10, 20, 30]
     assert val[-1][1] < val[0][1] < 5.0  # ln(300) = 5.7 at the start
@@ -176,8 +126,8 @@ def test_short_run_lowers_the_loss_and_writes_a_loadable_checkpoint(full_run):
     assert val_loss == pytest.approx(metrics["val_loss"], abs=1e-6)
 
 
-def test_tensorboard_holds_the_promised_scalars_text_images_and_hparams(full_run):
-    run_dir, _ = full_run
+def test_tensorboard_holds_the_promised_scalars_text_images_and_hparams(trained_run):
+    run_dir, _ = trained_run
     events = EventAccumulator(str(run_dir / "tensorboard"), size_guidance={
         "scalars": 0, "images": 0, "tensors": 0})
     events.Reload()
@@ -225,10 +175,9 @@ def assert_same_run(run_dir, full_dir, metrics, full_metrics):
 
 
 def test_resume_after_sigint_matches_the_uninterrupted_run_bit_for_bit(
-        corpus, full_run, tmp_path, monkeypatch):
+        corpus, trained_run, tmp_path, monkeypatch):
     run_dir = tmp_path / "run"
-    cfg = run_config(corpus, run_dir, "model.dropout=0.1", "train.sample_tokens=16",
-                     "train.probe_prompt='Lily went home. She'")
+    cfg = run_config(corpus, run_dir, *TRAINED_RUN)
     uninterrupt = ctrl_c_during_step(monkeypatch, 13)
     with pytest.raises(TrainingInterrupted) as stopped:
         train(cfg)
@@ -238,7 +187,7 @@ def test_resume_after_sigint_matches_the_uninterrupted_run_bit_for_bit(
 
     cfg.train.resume = True
     metrics = train(cfg)
-    full_dir, full_metrics = full_run
+    full_dir, full_metrics = trained_run
     assert_same_run(run_dir, full_dir, metrics, full_metrics)
 
 
@@ -276,8 +225,8 @@ def test_threads_auto_resumes_with_the_count_the_run_started_with(
 
 
 def test_a_resume_with_another_explicit_thread_count_uses_it_and_says_so(
-        corpus, full_run, tmp_path, caplog):
-    source = resolve_checkpoint_dir(full_run[0], "last")  # trained with train.threads=1
+        corpus, trained_run, tmp_path, caplog):
+    source = resolve_checkpoint_dir(trained_run[0], "last")  # trained with train.threads=1
     with caplog.at_level("INFO", logger="tinylm.train"):
         train(run_config(corpus, tmp_path / "more", "model.dropout=0.1", "train.max_steps=31",
                          "train.threads=2", f"train.resume={source}"))
@@ -300,8 +249,8 @@ def test_threads_auto_is_chosen_at_start_and_said_in_the_start_up_line(
         in start_up
 
 
-def test_resume_from_a_checkpoint_path_continues_into_a_new_run_dir(corpus, full_run, tmp_path):
-    full_dir, _ = full_run
+def test_resume_from_a_checkpoint_path_continues_into_a_new_run_dir(corpus, trained_run, tmp_path):
+    full_dir, _ = trained_run
     source = resolve_checkpoint_dir(full_dir, "best")
     cfg = run_config(corpus, tmp_path / "more", "model.dropout=0.1", "train.max_steps=35",
                      f"train.resume={source}")
@@ -312,17 +261,9 @@ def test_resume_from_a_checkpoint_path_continues_into_a_new_run_dir(corpus, full
 
 def test_a_crash_while_saving_leaves_the_previous_checkpoint_loadable(
         corpus, tmp_path, monkeypatch):
-    save, saves = torch.save, []
-
-    def save_twice_then_crash(obj, f, *args, **kwargs):
-        saves.append(f)
-        if len(saves) == 3:
-            with open(f, "wb") as half:  # a partly written file, then the crash
-                half.write(b"\x00" * 100)
-            raise OSError("disk full")
-        return save(obj, f, *args, **kwargs)
-
-    monkeypatch.setattr(tinylm.checkpoint.torch, "save", save_twice_then_crash)
+    save = torch.save
+    monkeypatch.setattr(tinylm.checkpoint.torch, "save",
+                        torch_save_failing_at(3, OSError("disk full")))
     with pytest.raises(OSError, match="disk full"):
         train(run_config(corpus, tmp_path / "run"))
     monkeypatch.setattr(tinylm.checkpoint.torch, "save", save)
@@ -391,8 +332,8 @@ def test_block_size_longer_than_the_corpus_is_refused_by_name(corpus, tmp_path):
     assert not (tmp_path / "run").exists()
 
 
-def test_fresh_run_into_a_run_dir_with_checkpoints_is_refused(corpus, full_run):
-    full_dir, _ = full_run
+def test_fresh_run_into_a_run_dir_with_checkpoints_is_refused(corpus, trained_run):
+    full_dir, _ = trained_run
     with pytest.raises(ConfigError, match="already holds checkpoints.*train.resume=true"):
         train(run_config(corpus, full_dir))
 
@@ -407,8 +348,8 @@ def test_resume_without_a_checkpoint_is_refused(corpus, tmp_path):
     ("tokenizer.vocab_size=280", "tokenizer.vocab_size: checkpoint 300, this run 280"),
 ])
 def test_resume_from_a_checkpoint_of_another_shape_or_tokenizer_says_what_differs(
-        corpus, full_run, tmp_path, override, difference):
-    full_dir, _ = full_run
+        corpus, trained_run, tmp_path, override, difference):
+    full_dir, _ = trained_run
     with pytest.raises(ConfigError, match=f"cannot resume from .*{difference}"):
         train(run_config(corpus, tmp_path / "run", override, f"train.resume={full_dir}"))
 

@@ -34,7 +34,10 @@ def causal_mask(t_q: int, t_k: int, device: torch.device | str = "cpu") -> torch
     """
     if t_q > t_k:
         raise ValueError(f"causal_mask: t_q={t_q} queries cannot follow only t_k={t_k} keys")
-    return torch.ones(t_q, t_k, dtype=torch.bool, device=device).triu(diagonal=t_k - t_q + 1)
+    # a normal tensor even when first asked for under inference_mode (generation): autograd
+    # reuses the cached mask later and cannot save an inference tensor for backward
+    with torch.inference_mode(False):
+        return torch.ones(t_q, t_k, dtype=torch.bool, device=device).triu(diagonal=t_k - t_q + 1)
 
 
 class AttentionSteps(NamedTuple):
@@ -115,14 +118,9 @@ def value_terms(weights: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
     return weights.unsqueeze(-1) * v.unsqueeze(-3)
 
 
-def scaled_dot_product_attention(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    mask: torch.Tensor | None = None,
-    is_causal: bool = False,
-    dropout_p: float = 0.0,
-) -> tuple[torch.Tensor, torch.Tensor]:
+def scaled_dot_product_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                                 mask: torch.Tensor | None = None, is_causal: bool = False,
+                                 dropout_p: float = 0.0) -> tuple[torch.Tensor, torch.Tensor]:
     """softmax(q·kᵀ/√d, masked) · v. Returns (output (..., T_q, d_v), weights (..., T_q, T_k))."""
     steps = attention_steps(q, k, v, mask=mask, is_causal=is_causal, dropout_p=dropout_p)
     return steps.output, steps.weights

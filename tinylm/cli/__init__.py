@@ -1,4 +1,5 @@
-"""Thin Hydra entry points behind the tinylm-* console scripts, and what they share.
+"""The tinylm-* commands (one module each: its config, what it loads, prints and writes, its
+Hydra entry point), and what they share.
 
 Every command checks its command line before Hydra runs it (check_command_line_or_exit):
 Hydra's own composition errors span several lines and do not say what is allowed, so a bad
@@ -21,6 +22,7 @@ import typing
 from collections.abc import Callable
 from typing import TypeVar
 
+import hydra
 from hydra import compose, initialize_config_dir
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.errors import HydraException, MissingConfigException
@@ -28,7 +30,7 @@ from omegaconf import BooleanNode, DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException, ValidationError
 
 import tinylm.threads  # noqa: F401  (threads=auto watches the cores' load from here on)
-from tinylm.config import ConfigError, config_dir, register_schemas
+from tinylm.config import ConfigError, config_dir, register_schemas, to_dataclass
 
 T = TypeVar("T")
 
@@ -41,6 +43,29 @@ KEY_IN_HYDRA_ERROR = (re.compile(r"Could not (?:override|delete|append to) '([^'
 def without_hydra(cfg: DictConfig) -> DictConfig:
     """The composed config less its hydra node (check_command_line composes with it)."""
     return OmegaConf.masked_copy(cfg, [key for key in cfg if key != "hydra"])
+
+
+def checked_config(schema: type[T], name: str) -> Callable[[DictConfig], T]:
+    """A command's config dataclass from Hydra's composition: every value checked."""
+    return lambda cfg: to_dataclass(schema, without_hydra(cfg), name)
+
+
+def console_entry(command: str, config_name: str, build: Callable[[DictConfig], T],
+                  action: Callable[[T], object],
+                  errors: tuple[type[Exception], ...] = (ValueError, FileNotFoundError)
+                  ) -> Callable[[], None]:
+    """The `main` of a print-only command (its conf/<config_name>.yaml includes
+    hydra/print_only): check the command line (one line per mistake), let Hydra compose it,
+    then `action(build(cfg))`; a bad input (`errors`) exits with one line."""
+    @hydra.main(version_base="1.3", config_path=str(config_dir(register=False)),
+                config_name=config_name)
+    def compose_and_run(cfg: DictConfig) -> None:
+        run_or_exit(command, lambda: action(build(cfg)), errors=errors)
+
+    def main() -> None:
+        check_command_line_or_exit(command, config_name, build)
+        run_or_exit(command, compose_and_run, errors=())  # a Ctrl-C while starting: 130
+    return main
 
 
 def run_or_exit(command: str, action: Callable[[], T], interrupted: str = "interrupted",

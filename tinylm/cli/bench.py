@@ -16,7 +16,6 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-import hydra
 import torch
 from omegaconf import DictConfig, OmegaConf
 
@@ -31,8 +30,8 @@ from tinylm.bench import (
 )
 from tinylm.bench_runs import bench_endtoend, bench_load
 from tinylm.bench_train import bench_train
-from tinylm.cli import check_command_line_or_exit, run_or_exit, without_hydra
-from tinylm.config import config_dir, integer, one_of, to_dataclass
+from tinylm.cli import console_entry, without_hydra
+from tinylm.config import integer, one_of, to_dataclass
 from tinylm.data import DataConfig
 from tinylm.model import ModelConfig
 from tinylm.optim import OptimConfig
@@ -232,22 +231,13 @@ def format_section(section: Section) -> str:
     return "\n".join(lines) + "\n"
 
 
-@hydra.main(version_base="1.3", config_path=str(config_dir(register=False)), config_name="bench")
-def _bench(cfg: DictConfig) -> None:
-    """Compose conf/bench.yaml and run the benchmark; bad options exit with one clear line."""
-    run_or_exit("tinylm-bench", lambda: run_bench(_config(cfg)),
-                errors=(ValueError, FileNotFoundError, ModuleNotFoundError))
-
-
-def _config(cfg: DictConfig) -> BenchConfig:
+def bench_config_of(cfg: DictConfig) -> BenchConfig:
     """BenchConfig from the composed config: every value checked."""
     return bench_config(OmegaConf.to_container(without_hydra(cfg), resolve=True))
 
 
-def main() -> None:
-    """Console entry: check the command line (one line per mistake), then hand it to Hydra."""
-    check_command_line_or_exit("tinylm-bench", "bench", _config)
-    run_or_exit("tinylm-bench", _bench, errors=())  # a Ctrl-C while starting: 130
+main = console_entry("tinylm-bench", "bench", bench_config_of, run_bench,
+                     errors=(ValueError, FileNotFoundError, ModuleNotFoundError))
 
 
 if __name__ == "__main__":

@@ -22,14 +22,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import hydra
 import torch
 import yaml  # JSON is YAML, so one reader serves both
-from omegaconf import DictConfig
 
 from tinylm.checkpoint import load_checkpoint
-from tinylm.cli import check_command_line_or_exit, run_or_exit, without_hydra
-from tinylm.config import config_dir, flag, integer, to_dataclass
+from tinylm.cli import checked_config, console_entry
+from tinylm.config import flag, integer
 from tinylm.explain import Explanation, explain_model_head, explain_multi_head, explain_qkv
 from tinylm.threads import apply_threads, check_threads_setting, start_sample
 
@@ -234,11 +232,9 @@ def explain(cfg: ExplainConfig) -> str:
 # ----------------------------------------------------------------------------- the command
 
 
-@hydra.main(version_base="1.3", config_path=str(config_dir(register=False)), config_name="explain")
-def _explain(cfg: DictConfig) -> None:
-    """Compose conf/explain.yaml, print the walkthrough; bad inputs exit with one clear line."""
-    text = run_or_exit("tinylm-explain",
-                       lambda: explain(_config(cfg)))
+def print_explanation(cfg: ExplainConfig) -> None:
+    """The walkthrough on stdout."""
+    text = explain(cfg)
     # a console that cannot show √ or · gets "?" instead of a crash
     sys.stdout.reconfigure(errors="replace")
     try:
@@ -247,15 +243,8 @@ def _explain(cfg: DictConfig) -> None:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
 
 
-def _config(cfg: DictConfig) -> ExplainConfig:
-    """ExplainConfig from the composed config: every value checked."""
-    return to_dataclass(ExplainConfig, without_hydra(cfg), "explain")
-
-
-def main() -> None:
-    """Console entry: check the command line (one line per mistake), then hand it to Hydra."""
-    check_command_line_or_exit("tinylm-explain", "explain", _config)
-    run_or_exit("tinylm-explain", _explain, errors=())  # a Ctrl-C while starting: 130
+main = console_entry("tinylm-explain", "explain", checked_config(ExplainConfig, "explain"),
+                     print_explanation)
 
 
 if __name__ == "__main__":

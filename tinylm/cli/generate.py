@@ -15,21 +15,17 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-import hydra
 import torch
-from omegaconf import DictConfig
 
 from tinylm.checkpoint import default_logdir, load_checkpoint
-from tinylm.cli import check_command_line_or_exit, run_or_exit, without_hydra
+from tinylm.cli import checked_config, console_entry
 from tinylm.config import (
     ConfigError,
     bad,
-    config_dir,
     flag,
     integer,
     number,
     one_of,
-    to_dataclass,
 )
 from tinylm.device import resolve_device
 from tinylm.generate import MIN_TEMPERATURE, StreamDecoder, encode_prompt, generate
@@ -162,21 +158,8 @@ def run_generate(cfg: GenerateConfig, out=None) -> list[str]:
     return texts
 
 
-@hydra.main(version_base="1.3", config_path=str(config_dir(register=False)), config_name="generate")
-def _generate(cfg: DictConfig) -> None:
-    """Compose conf/generate.yaml and generate; bad inputs exit with one clear line."""
-    run_or_exit("tinylm-generate", lambda: run_generate(_config(cfg)))
-
-
-def _config(cfg: DictConfig) -> GenerateConfig:
-    """GenerateConfig from the composed config: every value checked."""
-    return to_dataclass(GenerateConfig, without_hydra(cfg), "generate")
-
-
-def main() -> None:
-    """Console entry: check the command line (one line per mistake), then hand it to Hydra."""
-    check_command_line_or_exit("tinylm-generate", "generate", _config)
-    run_or_exit("tinylm-generate", _generate, errors=())  # a Ctrl-C while starting: 130
+main = console_entry("tinylm-generate", "generate",
+                     checked_config(GenerateConfig, "generate"), run_generate)
 
 
 if __name__ == "__main__":

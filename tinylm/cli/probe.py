@@ -20,14 +20,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import hydra
 import numpy as np
-from omegaconf import DictConfig
 
 from tinylm import deciding
 from tinylm.checkpoint import default_logdir, load_checkpoint
-from tinylm.cli import check_command_line_or_exit, run_or_exit, without_hydra
-from tinylm.config import config_dir, flag, integer, one_of, to_dataclass
+from tinylm.cli import checked_config, console_entry
+from tinylm.config import flag, integer, one_of
 from tinylm.device import resolve_device
 from tinylm.probe import ABLATION, probe
 from tinylm.probe_items import SHIPPED_PROBES, load_probe_file, shipped_probe
@@ -224,21 +222,8 @@ def run_probe(cfg: ProbeConfig, out=None) -> dict:
     return report
 
 
-@hydra.main(version_base="1.3", config_path=str(config_dir(register=False)), config_name="probe")
-def _probe(cfg: DictConfig) -> None:
-    """Compose conf/probe.yaml and probe; bad inputs exit with one clear line."""
-    run_or_exit("tinylm-probe", lambda: run_probe(_config(cfg)))
-
-
-def _config(cfg: DictConfig) -> ProbeConfig:
-    """ProbeConfig from the composed config: every value checked."""
-    return to_dataclass(ProbeConfig, without_hydra(cfg), "probe")
-
-
-def main() -> None:
-    """Console entry: check the command line (one line per mistake), then hand it to Hydra."""
-    check_command_line_or_exit("tinylm-probe", "probe", _config)
-    run_or_exit("tinylm-probe", _probe, errors=())  # a Ctrl-C while starting: 130
+main = console_entry("tinylm-probe", "probe",
+                     checked_config(ProbeConfig, "probe"), run_probe)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,120 @@
+"""Fixtures shared by the test files, each built once per session: a BPE tokenizer, tiny models,
+a story corpus and a tiny trained run. Session fixtures are read-only: a test that changes a model
+gets its own copy, and a test that writes into a run directory copies it first
+(`trained_run_copy`). Also the `cuda` marker: such tests run only where CUDA is present."""
+
+import copy
+import json
+import random
+import shutil
+
+import pytest
+import torch
+from helpers import TRAINED_RUN, run_config
+
+from tinylm.config import project_root
+from tinylm.model import ModelConfig, TinyLM
+from tinylm.tokenizer import TokenizerConfig, train_tokenizer
+from tinylm.train import train
+
+# The shared BPE learns from the shipped probe texts and a few stories, weighted so that the words
+# the tests pick out ("She", "laughed", "Tom") are whole tokens at this vocabulary size.
+BPE_VOCAB_SIZE = 400
+BPE_STORIES = [
+    "Once upon a time, there was a little cat named Tom. He liked to play in the sun.",
+    "One day, Lily found a red ball. She gave it to her mom, and they played together.",
+    "The dog barked at the bird. It flew away, and the dog was sad.",
+    "Lily and Tom went to the park. She saw a big dog. It was happy. Tom said, \"Look at the "
+    "dog!\" He laughed. They played all day. Café au lait. ",
+    "Lily saw a cat. She smiled at the cat. The cat ran to Lily. She laughed.",
+] * 20
+
+PEOPLE = [("Lily", "she"), ("Tom", "he"), ("Mia", "she"), ("Ben", "he"), ("Sue", "she")]
+THINGS = ["ball", "cat", "kite", "cake", "red box", "little dog"]
+
+
+def pytest_collection_modifyitems(config, items):
+    """Tests marked `cuda` are skipped, with the reason, where torch sees no CUDA device."""
+    if torch.cuda.is_available():
+        return
+    no_cuda = pytest.mark.skip(reason="needs a CUDA device")
+    for item in items:
+        if "cuda" in item.keywords:
+            item.add_marker(no_cuda)
+
+
+@pytest.fixture(scope="session")
+def bpe():
+    """The byte-level BPE tokenizer (vocab_size BPE_VOCAB_SIZE) that most tests read text with."""
+    texts = [json.loads(line)["text"] for name in ("pronouns", "agreement")
+             for line in (project_root() / "data" / "probes" / f"{name}.jsonl").read_text()
+             .splitlines()]
+    return train_tokenizer(TokenizerConfig(name="bpe", vocab_size=BPE_VOCAB_SIZE),
+                           texts + BPE_STORIES)
+
+
+class TinyModels:
+    """Untrained TinyLMs in eval mode, each shape and seed built once; every call hands out a copy
+    so that a test may change its model's weights without touching another test's."""
+
+    def __init__(self):
+        self.built = {}  # (vocab_size, seed, overrides) -> (model, RNG state just after building)
+
+    def __call__(self, vocab_size, seed=0, **overrides):
+        """2 layers, 2 heads, n_embd 16, block_size 64 by default; `overrides` change any field."""
+        key = (vocab_size, seed, tuple(sorted(overrides.items())))
+        if key not in self.built:
+            torch.manual_seed(seed)
+            values = dict(vocab_size=vocab_size, block_size=64, n_layer=2, n_head=2, n_embd=16)
+            model = TinyLM(ModelConfig(**{**values, **overrides})).eval()
+            self.built[key] = model, torch.get_rng_state()
+        model, rng_state = self.built[key]
+        # the global generator as if the model had just been built: a test's later draws do not
+        # depend on whether an earlier test asked for the same model
+        torch.set_rng_state(rng_state)
+        return copy.deepcopy(model)
+
+
+@pytest.fixture(scope="session")
+def tiny_model():
+    """tiny_model(vocab_size, seed=0, **overrides): a fresh copy of a model built once."""
+    return TinyModels()
+
+
+@pytest.fixture
+def model(tiny_model, bpe):
+    """The default tiny model over the `bpe` tokenizer, the test's own copy."""
+    return tiny_model(bpe.vocab_size)
+
+
+def story(rng: random.Random) -> str:
+    name, pronoun = rng.choice(PEOPLE)
+    thing = rng.choice(THINGS)
+    return (f"Once upon a time, {name} found a {thing}. {pronoun.capitalize()} was very happy. "
+            f"{name} played with the {thing} all day, and then {pronoun} went home.")
+
+
+@pytest.fixture(scope="session")
+def corpus(tmp_path_factory):
+    """A small TinyStories-like text (stories.txt), and one data cache for every run on it."""
+    root = tmp_path_factory.mktemp("corpus")
+    rng = random.Random(0)
+    (root / "stories.txt").write_text("\n\n".join(story(rng) for _ in range(300)))
+    return root
+
+
+@pytest.fixture(scope="session")
+def trained_run(corpus, tmp_path_factory):
+    """(run_dir, metrics) of one uninterrupted 30-step run of TINY and TRAINED_RUN.
+    Read-only: a test that writes into a run directory takes `trained_run_copy`."""
+    run_dir = tmp_path_factory.mktemp("full") / "run"
+    metrics = train(run_config(corpus, run_dir, *TRAINED_RUN))
+    return run_dir, metrics
+
+
+@pytest.fixture
+def trained_run_copy(trained_run, tmp_path_factory):
+    """The test's own copy of the trained run directory, its tag links kept as links (outside
+    tmp_path, which the test may want to find empty)."""
+    return shutil.copytree(trained_run[0], tmp_path_factory.mktemp("run_copy") / "run",
+                           symlinks=True)
