@@ -65,13 +65,16 @@ def test_shakespeare_char_experiment_has_nanogpts_cpu_settings():
     assert (run.data.name, run.tokenizer.name) == ("tinyshakespeare", "char")
     assert (m.n_layer, m.n_head, m.n_embd, m.block_size, m.dropout, m.bias) == (
         4, 4, 128, 64, 0.0, False)
-    assert (t.batch_size, t.max_steps, t.eval_interval, t.eval_batches) == (12, 2000, 250, 20)
+    assert (t.batch_size, t.max_steps, t.eval_interval, t.eval_batches) == (12, 500, 250, 20)
     assert (o.lr, o.min_lr, o.lr_decay_steps, o.warmup_steps, o.beta2, o.weight_decay,
-            o.grad_clip) == (1e-3, 1e-4, 2000, 100, 0.99, 0.1, 1.0)
-    assert o.name == "muon"  # the one difference on purpose: it needs fewer steps
-    adamw = RunConfig.from_config(compose("config", ["experiment=shakespeare_char",
-                                                     "optim=adamw"]), "x").optim
-    assert (adamw.name, adamw.lr, adamw.beta1) == ("adamw", 1e-3, 0.8)
+            o.grad_clip) == (2e-3, 1e-4, 500, 100, 0.99, 0.1, 1.0)
+    # the differences on purpose: Muon needs fewer steps, and 500 of them do at this lr
+    assert (o.name, o.muon_lr) == ("muon", 0.03)
+    nanogpt = ["experiment=shakespeare_char", "optim=adamw", "optim.lr=1e-3",
+               "train.max_steps=2000", "optim.lr_decay_steps=2000"]  # as the preset says
+    adamw = RunConfig.from_config(compose("config", nanogpt), "x")
+    assert (adamw.optim.name, adamw.optim.lr, adamw.optim.beta1, adamw.optim.lr_decay_steps,
+            adamw.train.max_steps) == ("adamw", 1e-3, 0.8, 2000, 2000)
 
 
 def test_lr_warms_up_linearly_then_follows_a_cosine_to_min_lr():
