@@ -1,7 +1,10 @@
 """The evaluation extras' helper: summaries drawn elsewhere, written in order, waited for."""
 
 import os
+import subprocess
+import sys
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -93,3 +96,58 @@ def test_figures_are_still_drawn_when_the_helper_process_cannot_run(tmp_path, mo
     assert [e.step for e in images(tmp_path)["attention/layer_01"]] == [5, 6]
     assert sum("drawing them in the training process" in r.message
                for r in caplog.records) == 1
+
+
+ORPHANED_TRAINING = '''
+import os
+from types import SimpleNamespace
+
+from tensorboard.compat.proto.summary_pb2 import Summary
+
+from tinylm.extras import Extras
+
+
+def helper_pid(step):
+    return [Summary(value=[Summary.Value(tag="pid", simple_value=os.getpid())]).SerializeToString()]
+
+
+if __name__ == "__main__":
+    pids = []
+    def add_summary(summary, step, walltime):
+        pids.append(int(summary.value[0].simple_value))
+
+    writer = SimpleNamespace(file_writer=SimpleNamespace(add_summary=add_summary))
+    extras = Extras()
+    extras.submit(0, helper_pid)
+    while extras.pending:
+        extras.write_finished(writer)
+    print(pids[0], flush=True)
+    os._exit(1)  # gone without any clean-up, as after kill -9
+'''
+
+
+def _running(pid: int) -> bool:
+    """Whether process `pid` still runs (a zombie, ended but not yet reaped, does not)."""
+    if os.path.isdir("/proc"):
+        try:
+            with open(f"/proc/{pid}/stat") as stat:
+                return stat.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+        except FileNotFoundError:
+            return False
+    try:
+        os.kill(pid, 0)
+    except OSError:
+        return False
+    return True
+
+
+def test_the_helper_ends_when_the_training_process_dies_without_closing_it(tmp_path):
+    script = tmp_path / "orphaned_training.py"
+    script.write_text(ORPHANED_TRAINING)
+    ran = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                         timeout=60)
+    helper = int(ran.stdout.split()[0])
+    deadline = time.monotonic() + 30
+    while _running(helper) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not _running(helper)

@@ -27,6 +27,7 @@ import io
 import logging
 import multiprocessing
 import os
+import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Executor, Future, ProcessPoolExecutor, ThreadPoolExecutor
@@ -43,10 +44,19 @@ HELPER_NICENESS = 10
 
 
 def _start_helper() -> None:
-    """In the helper: yield the CPU to training, and load matplotlib before the first job."""
+    """In the helper: end with the training process, yield the CPU to it, and load matplotlib
+    before the first job."""
+    # A training process killed outright (kill -9, a crash) cannot stop its helper, which would
+    # wait for jobs forever; a watcher thread ends the helper when its parent is gone.
+    threading.Thread(target=_exit_with_parent, daemon=True).start()
     with contextlib.suppress(AttributeError, OSError):  # os.nice: Unix only
         os.nice(HELPER_NICENESS)
     import tinylm.plots  # noqa: F401  (the import is the warm-up)
+
+
+def _exit_with_parent() -> None:
+    multiprocessing.parent_process().join()  # returns once the training process has ended
+    os._exit(0)
 
 
 class Extras:
