@@ -21,6 +21,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from tinylm.tables import columns
+
 # The other gender in the same case. "her" is object or possessive (him or his), so it has none.
 DERIVED_WRONG_PRONOUN = {"she": "he", "he": "she", "him": "her", "his": "her"}
 
@@ -129,11 +131,11 @@ def format_deciding(report: dict, n_layer: int, n_head: int, top_heads: int = 5)
                   f"({d['n_agreement']} agreement items);",
                   f"the {top_heads} heads with most attention and the {top_heads} with the "
                   f"largest loss; agrees = attention at least {OVER_MEDIAN:g}x the median head's "
-                  f"and a loss of at least {MIN_MARGIN_LOSS:g} nats",
-                  "  layer  head   attention to name   Δ mean margin   agrees"]
-        lines += [f"  {r['layer']:>5d}  {r['head']:>4d}   {r['mean_attention']:17.2f}   "
-                  f"{r['delta_mean_margin']:+13.3f}   {'yes' if r['agrees'] else 'no'}"
-                  for r in shown]
+                  f"and a loss of at least {MIN_MARGIN_LOSS:g} nats"]
+        lines += columns(["layer", "head", "attention to name", "Δ mean margin", "agrees"],
+                         [[str(r["layer"]), str(r["head"]), f"{r['mean_attention']:.2f}",
+                           f"{r['delta_mean_margin']:+.3f}", "yes" if r["agrees"] else "no"]
+                          for r in shown], ">>>><", gaps=(2, 3, 3, 3), indent="  ")
     if d["agreement_attention"]:
         best = report["best_deciding"]
         by_head = {(e["layer"], e["head"]): e for e in d["agreement_attention"]}

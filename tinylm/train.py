@@ -216,13 +216,15 @@ class Trainer:
             save_checkpoint(self.run_dir, self.model, self.tokenizer,
                             self.run_config.to_dict(), self.step, state, tags)
         except NonFiniteWeights as err:
-            raise TrainingDiverged(f"training diverged by step {self.step}: {err}; "
-                                   f"{self._last_good()}; try a lower optim.lr (now "
-                                   f"{self.cfg.optim.lr}) or train.precision=fp32") from None
+            raise self._diverged(f"by step {self.step}: {err}") from None
         except CheckpointNotWritten as err:
             raise CheckpointNotWritten(f"{err}; {self._last_good()}; make room, then continue "
                                        f"with train.resume=true hydra.run.dir={self.run_dir}"
                                        ) from None
+
+    def _diverged(self, when: str) -> TrainingDiverged:
+        return TrainingDiverged(f"training diverged {when}; {self._last_good()}; try a lower "
+                                f"optim.lr (now {self.cfg.optim.lr}) or train.precision=fp32")
 
     def _last_good(self) -> str:
         kept = self.last_checkpoint()
@@ -261,11 +263,8 @@ class Trainer:
         loss /= self.world_size
         fp16_overflow = self.scaler.is_enabled()  # the scaler skips such steps by itself
         if not math.isfinite(loss) or not (math.isfinite(grad_norm) or fp16_overflow):
-            raise TrainingDiverged(
-                f"training diverged at step {self.step + 1}: "
-                + (f"loss {loss}" if not math.isfinite(loss) else f"gradient norm {grad_norm}")
-                + f"; {self._last_good()}; try a lower optim.lr (now {self.cfg.optim.lr}) or "
-                "train.precision=fp32")
+            raise self._diverged(f"at step {self.step + 1}: " + (
+                f"loss {loss}" if not math.isfinite(loss) else f"gradient norm {grad_norm}"))
         self.scaler.step(self.optimizer)
         self.scaler.update()
         self.optimizer.zero_grad(set_to_none=True)
