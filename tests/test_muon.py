@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from tinylm.muon import MuonWithAdamW
+from tinylm.muon import MuonWithAdamW, ShapeBatchedMuon, newton_schulz
 from tinylm.optim import OptimConfig, configure_optimizer, lr_at
 
 
@@ -71,3 +71,36 @@ def test_the_schedule_reaches_muon_through_its_scale(small_model):
 def test_bad_muon_settings_are_refused_naming_the_key(key, value):
     with pytest.raises(ValueError, match=rf"optim\.{key}=.* is not allowed"):
         OptimConfig(**{key: value})
+
+
+@pytest.mark.parametrize("nesterov", [True, False])
+def test_the_shape_batched_step_moves_the_weights_as_torchs_muon_does(nesterov):
+    """Same matrices (tall, wide, square, two of a shape), same gradients, three steps: the
+    weights match torch.optim.Muon's, which orthogonalizes one matrix at a time."""
+    torch.manual_seed(0)
+    shapes = [(24, 8), (8, 24), (8, 8), (8, 32), (8, 32), (32, 8)]
+    ours = [torch.nn.Parameter(torch.randn(s)) for s in shapes]
+    theirs = [torch.nn.Parameter(p.detach().clone()) for p in ours]
+    settings = dict(lr=0.02, weight_decay=0.1, momentum=0.9, nesterov=nesterov)
+    optimizers = ShapeBatchedMuon(ours, **settings), torch.optim.Muon(theirs, **settings)
+    for _ in range(3):
+        grads = [torch.randn(s) for s in shapes]
+        for params, optimizer in zip((ours, theirs), optimizers):
+            for p, g in zip(params, grads):
+                p.grad = g.clone()
+            optimizer.step()
+        for a, b in zip(ours, theirs):
+            torch.testing.assert_close(a, b, atol=1e-4, rtol=0)
+    assert all(torch.equal(optimizers[0].state[a]["momentum_buffer"],
+                           optimizers[1].state[b]["momentum_buffer"])
+               for a, b in zip(ours, theirs))
+
+
+def test_newton_schulz_gives_each_matrix_singular_values_near_one():
+    torch.manual_seed(0)
+    updates = [torch.randn(48, 16), torch.randn(16, 48), torch.randn(16, 48)]
+    for u, x in zip(updates, newton_schulz(updates, (3.4445, -4.7750, 2.0315), 5, 1e-7)):
+        assert x.shape == u.shape and x.dtype == torch.bfloat16
+        s = torch.linalg.svdvals(x.float())
+        assert 0.5 < s.min() and s.max() < 1.5  # Muon's quintic: roughly 1, not exactly
+        assert torch.linalg.svdvals(u).max() > 3  # ... where the update itself was far from it

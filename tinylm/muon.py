@@ -14,8 +14,66 @@ the scheduled lr times the group's `lr_scale` (muon_lr / lr for Muon's group).
 
 from __future__ import annotations
 
+import math
+from collections import defaultdict
+
 import torch
-from torch import nn
+from torch import Tensor, nn
+
+
+class ShapeBatchedMuon(torch.optim.Muon):
+    """torch.optim.Muon's update, with the Newton-Schulz iterations of all matrices of one shape
+    run as one batch.
+
+    torch orthogonalizes the matrices one at a time: the 16 small matrices of the
+    shakespeare_char model make 240 small matmuls a step, ~16 ms of a ~40 ms step on 2 cores.
+    Stacked by shape (3 shapes there), the same iterations take ~9 ms. The arithmetic per
+    matrix is torch's (tests/test_muon.py checks the weights against torch.optim.Muon's); a
+    batched bf16 matmul may round differently from a single one, so a long run ends within
+    noise of torch's, not bit for bit. The state (`momentum_buffer`) and hyperparameters are
+    torch's, so checkpoints load in either.
+    """
+
+    @torch.no_grad()
+    def step(self) -> None:
+        for group in self.param_groups:
+            if group["adjust_lr_fn"] not in (None, "original"):
+                raise ValueError(f"adjust_lr_fn={group['adjust_lr_fn']!r} is not supported "
+                                 "here; allowed: None, 'original'")
+            params = [p for p in group["params"] if p.grad is not None]
+            updates = []
+            for p in params:
+                buf = self.state[p].setdefault("momentum_buffer", torch.zeros_like(p.grad))
+                buf.lerp_(p.grad, 1 - group["momentum"])
+                updates.append(p.grad.lerp(buf, group["momentum"]) if group["nesterov"] else buf)
+            orthogonal = newton_schulz(updates, group["ns_coefficients"], group["ns_steps"],
+                                       group["eps"])
+            for p, update in zip(params, orthogonal):
+                rows, cols = p.shape  # a tall matrix moves further: torch's "original" scale
+                p.mul_(1 - group["lr"] * group["weight_decay"])
+                p.add_(update, alpha=-group["lr"] * math.sqrt(max(1.0, rows / cols)))
+
+
+def newton_schulz(updates: list[Tensor], coefficients: tuple[float, float, float], steps: int,
+                  eps: float) -> list[Tensor]:
+    """Each update's nearest semi-orthogonal matrix, approximately, in bf16, as torch.optim.Muon
+    computes it: wide side first, scaled to Frobenius norm 1, then `steps` quintic iterations
+    X <- aX + (bA + cA²)X with A = XXᵀ. Matrices of one shape go through as one batch."""
+    a, b, c = coefficients
+    wide = [u.mT if u.size(0) > u.size(1) else u for u in updates]  # (rows <= cols)
+    by_shape: dict[torch.Size, list[int]] = defaultdict(list)
+    for i, w in enumerate(wide):
+        by_shape[w.shape].append(i)
+    result: list[Tensor] = [torch.empty(0)] * len(updates)
+    for indices in by_shape.values():
+        x = torch.stack([wide[i] for i in indices]).bfloat16()  # (n, rows, cols)
+        x = x / x.norm(dim=(1, 2), keepdim=True).clamp(min=eps)
+        for _ in range(steps):
+            gram = x @ x.mT  # (n, rows, rows)
+            x = torch.baddbmm(x, torch.baddbmm(gram, gram, gram, beta=b, alpha=c), x, beta=a)
+        for k, i in enumerate(indices):
+            result[i] = x[k] if wide[i] is updates[i] else x[k].mT
+    return result
 
 
 class MuonWithAdamW:
@@ -45,10 +103,10 @@ class MuonWithAdamW:
         self.adamw.load_state_dict(state["adamw"])
 
 
-def muon(matrices: list[nn.Parameter], optim) -> torch.optim.Muon:
+def muon(matrices: list[nn.Parameter], optim) -> ShapeBatchedMuon:
     """Muon over `matrices` (decayed) from an OptimConfig; its group's `lr_scale` makes the
     schedule reach muon_lr where AdamW's groups reach lr."""
-    return torch.optim.Muon(
+    return ShapeBatchedMuon(
         [{"params": matrices, "lr_scale": optim.muon_lr / optim.lr if optim.lr else 1.0}],
         lr=optim.muon_lr, weight_decay=optim.weight_decay, momentum=optim.muon_momentum,
         nesterov=True)
