@@ -1,5 +1,6 @@
 """Every tinylm-* command refuses a bad override in one line naming the key and what is allowed."""
 
+import gc
 import subprocess
 import sys
 
@@ -139,3 +140,32 @@ def test_the_commands_leave_their_objects_out_of_the_collection_at_exit():
                      "atexit.register(lambda: print(gc.get_freeze_count() > 0)); "
                      "import tinylm.cli")
     assert frozen == "True"
+
+
+def test_training_starts_with_the_collector_off_and_trains_with_it_on(monkeypatch, tmp_path):
+    import tinylm.cli.train
+    import tinylm.train
+
+    seen = {}
+
+    def check(cfg):
+        seen["checking"] = gc.isenabled()
+        return build_run_config(cfg)
+
+    def stop_before_training(cfg):
+        seen["training"], seen["frozen"] = gc.isenabled(), gc.get_freeze_count()
+        raise ValueError("stopped")
+
+    build_run_config = tinylm.cli.train.build_run_config
+    monkeypatch.setattr(tinylm.cli.train, "build_run_config", check)
+    monkeypatch.setattr(tinylm.train, "train", stop_before_training)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "argv", ["tinylm-train", "hydra.run.dir=run"])
+    try:
+        with pytest.raises(SystemExit, match="tinylm-train: error: stopped"):
+            tinylm.cli.train.main()
+    finally:
+        gc.unfreeze()  # the rest of the session collects as before
+    assert seen == {"checking": False, "training": True, "frozen": seen["frozen"]}
+    assert seen["frozen"] > 100_000  # start-up's objects (torch's among them) left out
+    assert gc.isenabled()
