@@ -85,21 +85,22 @@ def test_the_shape_batched_step_moves_the_weights_as_torchs_muon_does(nesterov):
     optimizers = ShapeBatchedMuon(ours, **settings), torch.optim.Muon(theirs, **settings)
     for _ in range(3):
         grads = [torch.randn(s) for s in shapes]
-        for params, optimizer in zip((ours, theirs), optimizers):
-            for p, g in zip(params, grads):
+        for params, optimizer in zip((ours, theirs), optimizers, strict=True):
+            for p, g in zip(params, grads, strict=True):
                 p.grad = g.clone()
             optimizer.step()
-        for a, b in zip(ours, theirs):
+        for a, b in zip(ours, theirs, strict=True):
             torch.testing.assert_close(a, b, atol=1e-4, rtol=0)
     assert all(torch.equal(optimizers[0].state[a]["momentum_buffer"],
                            optimizers[1].state[b]["momentum_buffer"])
-               for a, b in zip(ours, theirs))
+               for a, b in zip(ours, theirs, strict=True))
 
 
 def test_newton_schulz_gives_each_matrix_singular_values_near_one():
     torch.manual_seed(0)
     updates = [torch.randn(48, 16), torch.randn(16, 48), torch.randn(16, 48)]
-    for u, x in zip(updates, newton_schulz(updates, (3.4445, -4.7750, 2.0315), 5, 1e-7)):
+    orthogonal = newton_schulz(updates, (3.4445, -4.7750, 2.0315), 5, 1e-7)
+    for u, x in zip(updates, orthogonal, strict=True):
         assert x.shape == u.shape and x.dtype == torch.bfloat16
         s = torch.linalg.svdvals(x.float())
         assert 0.5 < s.min() and s.max() < 1.5  # Muon's quintic: roughly 1, not exactly

@@ -48,7 +48,7 @@ class ShapeBatchedMuon(torch.optim.Muon):
                 updates.append(p.grad.lerp(buf, group["momentum"]) if group["nesterov"] else buf)
             orthogonal = newton_schulz(updates, group["ns_coefficients"], group["ns_steps"],
                                        group["eps"])
-            for p, update in zip(params, orthogonal):
+            for p, update in zip(params, orthogonal, strict=True):
                 rows, cols = p.shape  # a tall matrix moves further: torch's "original" scale
                 p.mul_(1 - group["lr"] * group["weight_decay"])
                 p.add_(update, alpha=-group["lr"] * math.sqrt(max(1.0, rows / cols)))

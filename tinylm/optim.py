@@ -25,7 +25,9 @@ class OptimConfig:
     """The optimizer (AdamW, or Muon + AdamW) and its learning-rate schedule; schema of
     conf/optim/*.yaml (defaults: here only)."""
 
-    name: str = "adamw"  # adamw | muon (Muon for the blocks' matrices, AdamW for the rest)
+    # adamw | muon (Muon for the blocks' matrices, AdamW for the rest); tinylm-train's
+    # conf/config.yaml picks muon, tinylm-bench's conf/bench.yaml adamw (for GPT-2 as for ours)
+    name: str = "adamw"
     lr: float = 2e-3  # peak learning rate, reached after warmup_steps
     min_lr: float = 1e-4  # where the cosine ends
     warmup_steps: int = 100
