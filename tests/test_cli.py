@@ -1,13 +1,15 @@
 """Every tinylm-* command refuses a bad override in one line naming the key and what is allowed."""
 
+import gc
+import subprocess
 import sys
 
 import hydra._internal.utils
 import pytest
 from helpers import run_cli
 
-import tinylm.cli
-from tinylm.cli import check_command_line, check_command_line_or_exit
+import tinylm.cli.command_line
+from tinylm.cli.command_line import check_command_line, check_command_line_or_exit
 from tinylm.config import ConfigError
 
 
@@ -34,8 +36,8 @@ def test_bad_overrides_are_refused_in_one_line(config_name, override, message):
 
 
 def _builders():
-    from tinylm.cli import checked_config
     from tinylm.cli.bench import bench_config_of
+    from tinylm.cli.command_line import checked_config
     from tinylm.cli.explain import ExplainConfig
     from tinylm.cli.generate import GenerateConfig
     from tinylm.cli.probe import ProbeConfig
@@ -112,7 +114,58 @@ def test_without_hydras_private_parser_hydra_reads_the_command_line_itself(monke
 
 
 def test_a_hydra_error_worded_otherwise_comes_out_as_its_first_line(monkeypatch):
-    monkeypatch.setattr(tinylm.cli, "KEY_IN_HYDRA_ERROR", ())  # the wording is not recognized
+    # the wording is not recognized
+    monkeypatch.setattr(tinylm.cli.command_line, "KEY_IN_HYDRA_ERROR", ())
     with pytest.raises(ConfigError) as refused:
         check_command_line(["tempurature=0.5"], "generate")
     assert str(refused.value) == "tempurature=0.5: Could not override 'tempurature'."
+
+
+def _python(code: str) -> str:
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=120, check=True).stdout.strip()
+
+
+def test_the_training_command_imports_neither_hydra_nor_torch_until_it_runs():
+    # the helper drawing the figures imports this module again (spawn): it starts sooner
+    loaded = _python("import sys, tinylm.cli.train; "
+                     "print(sorted({m.split('.')[0] for m in sys.modules} & "
+                     "{'hydra', 'omegaconf', 'torch'}))")
+    assert loaded == "[]"
+
+
+def test_the_commands_leave_their_objects_out_of_the_collection_at_exit():
+    # registered before tinylm.cli is imported, so it runs after tinylm's exit handler
+    frozen = _python("import atexit, gc; "
+                     "atexit.register(lambda: print(gc.get_freeze_count() > 0)); "
+                     "import tinylm.cli")
+    assert frozen == "True"
+
+
+def test_training_starts_with_the_collector_off_and_trains_with_it_on(monkeypatch, tmp_path):
+    import tinylm.cli.train
+    import tinylm.train
+
+    seen = {}
+
+    def check(cfg):
+        seen["checking"] = gc.isenabled()
+        return build_run_config(cfg)
+
+    def stop_before_training(cfg):
+        seen["training"], seen["frozen"] = gc.isenabled(), gc.get_freeze_count()
+        raise ValueError("stopped")
+
+    build_run_config = tinylm.cli.train.build_run_config
+    monkeypatch.setattr(tinylm.cli.train, "build_run_config", check)
+    monkeypatch.setattr(tinylm.train, "train", stop_before_training)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "argv", ["tinylm-train", "hydra.run.dir=run"])
+    try:
+        with pytest.raises(SystemExit, match="tinylm-train: error: stopped"):
+            tinylm.cli.train.main()
+    finally:
+        gc.unfreeze()  # the rest of the session collects as before
+    assert seen == {"checking": False, "training": True, "frozen": seen["frozen"]}
+    assert seen["frozen"] > 100_000  # start-up's objects (torch's among them) left out
+    assert gc.isenabled()

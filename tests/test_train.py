@@ -21,7 +21,7 @@ import tinylm.checkpoint
 import tinylm.model
 import tinylm.threads
 from tinylm.checkpoint import load_checkpoint, resolve_checkpoint_dir
-from tinylm.cli import check_command_line
+from tinylm.cli.command_line import check_command_line
 from tinylm.cli.train import build_run_config
 from tinylm.config import ConfigError, config_dir, project_root
 from tinylm.data import BatchSampler, prepare_data

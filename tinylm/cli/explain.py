@@ -26,7 +26,7 @@ import torch
 import yaml  # JSON is YAML, so one reader serves both
 
 from tinylm.checkpoint import load_checkpoint
-from tinylm.cli import checked_config, console_entry
+from tinylm.cli.command_line import checked_config, console_entry
 from tinylm.config import flag, integer
 from tinylm.explain import Explanation, explain_model_head, explain_multi_head, explain_qkv
 from tinylm.threads import apply_threads, check_threads_setting, start_sample

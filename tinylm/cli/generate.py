@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 
 from tinylm.checkpoint import default_logdir, load_checkpoint
-from tinylm.cli import checked_config, console_entry
+from tinylm.cli.command_line import checked_config, console_entry
 from tinylm.config import (
     ConfigError,
     bad,

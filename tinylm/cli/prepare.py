@@ -13,7 +13,8 @@ from __future__ import annotations
 import hydra
 from omegaconf import DictConfig
 
-from tinylm.cli import check_command_line_or_exit, run_or_exit
+from tinylm.cli import run_or_exit
+from tinylm.cli.command_line import check_command_line_or_exit
 from tinylm.config import config_dir, to_dataclass
 
 

@@ -24,7 +24,7 @@ import numpy as np
 
 from tinylm import deciding
 from tinylm.checkpoint import default_logdir, load_checkpoint
-from tinylm.cli import checked_config, console_entry
+from tinylm.cli.command_line import checked_config, console_entry
 from tinylm.config import flag, integer, one_of
 from tinylm.device import resolve_device
 from tinylm.probe import ABLATION, probe
