@@ -346,6 +346,7 @@ def test_resume_without_a_checkpoint_is_refused(corpus, tmp_path):
 @pytest.mark.parametrize("override, difference", [
     ("model.n_layer=3", "model.n_layer: checkpoint 2, this run 3"),
     ("tokenizer.vocab_size=280", "tokenizer.vocab_size: checkpoint 300, this run 280"),
+    ("optim=adamw", r"optim.name: checkpoint 'muon', this run 'adamw' \(add optim=muon\)"),
 ])
 def test_resume_from_a_checkpoint_of_another_shape_or_tokenizer_says_what_differs(
         corpus, trained_run, tmp_path, override, difference):

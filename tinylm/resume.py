@@ -79,7 +79,7 @@ def check_resume_matches(ckpt: Checkpoint, run_config: dict, tokenizer_file: Pat
     saved_optimizer = ckpt.run_config.get("optim", {}).get("name", "adamw")
     if saved_optimizer != run_config["optim"]["name"]:  # their states do not fit each other
         differences.append(f"optim.name: checkpoint {saved_optimizer!r}, this run "
-                           f"{run_config['optim']['name']!r}")
+                           f"{run_config['optim']['name']!r} (add optim={saved_optimizer})")
     differences += [f"tokenizer.{k}: checkpoint {saved_tok[k]!r}, this run {v!r}"
                     for k, v in run_config["tokenizer"].items()
                     if k in saved_tok and saved_tok[k] != v]
