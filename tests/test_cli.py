@@ -166,6 +166,7 @@ def test_training_starts_with_the_collector_off_and_trains_with_it_on(monkeypatc
             tinylm.cli.train.main()
     finally:
         gc.unfreeze()  # the rest of the session collects as before
-    assert seen == {"checking": False, "training": True, "frozen": seen["frozen"]}
+    assert (seen["checking"], seen["training"]) == (False, True)
+    assert seen["frozen"] > 0  # what start-up made is left out of the collections
     assert seen["frozen"] > 100_000  # start-up's objects (torch's among them) left out
     assert gc.isenabled()
