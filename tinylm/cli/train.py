@@ -102,9 +102,10 @@ def _print_next_steps(metrics: dict, run_cfg) -> None:
 
 def build_run_config(cfg: DictConfig) -> None:
     """Every dataclass of a run from the composed config: checks every value."""
-    from tinylm.train_config import RunConfig  # lazy
+    from tinylm.cli.command_line import without_hydra  # lazy
+    from tinylm.train_config import RunConfig
 
-    RunConfig.from_config({k: v for k, v in cfg.items() if k != "hydra"}, ".")
+    RunConfig.from_config(without_hydra(cfg), ".")
 
 
 def main() -> None:
