@@ -10,7 +10,6 @@ chosen, their tables printed as each finishes, and the report written.
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -30,6 +29,7 @@ from tinylm.bench import (
 )
 from tinylm.bench_runs import bench_endtoend, bench_load
 from tinylm.bench_train import bench_train
+from tinylm.cli import write_json_atomic
 from tinylm.cli.command_line import console_entry, without_hydra
 from tinylm.config import integer, one_of, to_dataclass
 from tinylm.data import DataConfig
@@ -196,8 +196,7 @@ def run_bench(cfg: BenchConfig, print_fn: Callable[[str], None] | None = print) 
     report["machine"]["load_average_1m_after"] = machine().get("load_average_1m")
     if cfg.out:
         out = Path(cfg.out)
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
+        write_json_atomic(out, report)
         if print_fn is not None:
             print_fn(f"report: {out} ({report['machine']['cpu']}, {cfg.threads} threads)")
     return report

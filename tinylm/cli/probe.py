@@ -12,8 +12,6 @@ written until everything is computed.
 
 from __future__ import annotations
 
-import json
-import os
 import sys
 import time
 from dataclasses import dataclass
@@ -24,6 +22,7 @@ import numpy as np
 
 from tinylm import deciding
 from tinylm.checkpoint import default_logdir, load_checkpoint
+from tinylm.cli import write_json_atomic
 from tinylm.cli.command_line import checked_config, console_entry
 from tinylm.config import flag, integer, one_of
 from tinylm.device import resolve_device
@@ -117,17 +116,6 @@ def format_report(report: dict, n_layer: int, n_head: int, top_heads: int = 5) -
               f"{e['delta_accuracy']:+.2f}", f"{e['mean_margin']:+.3f}", f"{e['accuracy']:.2f}"]
              for e in ranked[:top_heads]], ">>>>>>", gaps=(2, 3, 3, 3, 3), indent="  ")
     return lines
-
-
-def write_json_atomic(path: Path, data: dict) -> None:
-    """Write JSON to a temporary file, then rename it into place: never a half-written report."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    try:
-        tmp.write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
 
 
 def write_tensorboard(report: dict, logdir: Path, n_layer: int, n_head: int,
