@@ -355,6 +355,18 @@ def test_resume_from_a_checkpoint_of_another_shape_or_tokenizer_says_what_differ
         train(run_config(corpus, tmp_path / "run", override, f"train.resume={full_dir}"))
 
 
+@pytest.mark.parametrize("max_steps", [30, 20])
+def test_resume_from_a_checkpoint_at_or_past_max_steps_is_refused_before_any_work(
+        corpus, trained_run, tmp_path, max_steps):
+    full_dir, metrics = trained_run
+    assert metrics["step"] == 30
+    with pytest.raises(ConfigError, match=f"it is at step 30, and train.max_steps={max_steps} "
+                                          "leaves nothing to train; raise train.max_steps"):
+        train(run_config(corpus, tmp_path / "run", f"train.max_steps={max_steps}",
+                         f"train.resume={full_dir}"))
+    assert not (tmp_path / "run" / "checkpoints").exists()
+
+
 # ------------------------------------------------------------------ the command line
 
 

@@ -189,6 +189,10 @@ class Trainer:
         state = restore(directory, self.run_config.to_dict(), tokenizer_file, self.model,
                         self.optimizer, self.scaler)
         self.step, self.best_val = state["step"], state["best_val_loss"]
+        if self.step >= self.t.max_steps:  # no step would run, and so no checkpoint be written
+            raise ConfigError(f"cannot resume from {directory}: it is at step {self.step}, and "
+                              f"train.max_steps={self.t.max_steps} leaves nothing to train; "
+                              f"raise train.max_steps")
         self.tokens_seen = state["tokens_seen"]
         if state["world_size"] == self.world_size:
             mine = RankState.of(state, self.rank)
