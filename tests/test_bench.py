@@ -64,8 +64,11 @@ def tiny_config(tmp_path: Path, **overrides) -> BenchConfig:
     return BenchConfig(**values)
 
 
-def test_every_section_writes_positive_finite_figures_to_json(tmp_path):
+def test_every_section_writes_positive_finite_figures_to_json(tmp_path, monkeypatch):
     pytest.importorskip("transformers")  # the peers come from the bench extra
+    # every row the train section has on a CPU with bf16 instructions (tiny models: emulated
+    # bf16 is quick enough for them)
+    monkeypatch.setattr("tinylm.bench_train.has_fast_bf16", lambda device: True)
     printed = []
     report = run_bench(tiny_config(tmp_path), print_fn=printed.append)
 
@@ -148,10 +151,29 @@ def test_a_failing_torch_compile_leaves_the_eager_comparison(tmp_path, monkeypat
     cfg = tiny_config(tmp_path)
     section = bench_train(cfg.model, cfg.optim, cfg.train, Timing(1, 0))
     names = [row.name for row in section.rows]
-    assert "tinylm bf16" in names and not any("compiled" in name for name in names)
+    assert "tinylm fp32" in names and not any("compiled" in name for name in names)
     assert sum(row.note == "best setting" for row in section.rows) == 2
     assert any("torch.compile failed (RuntimeError: InductorError: no C++ compiler found)"
                in note for note in section.notes)
+
+
+def test_without_bf16_instructions_the_train_section_compiles_and_compares_in_fp32(
+        tmp_path, monkeypatch):
+    """Where bf16 is emulated (an AVX2-only CPU: a bf16 matmul ~80x slower than fp32), timing
+    it would take minutes and compare a setting nobody trains in: fp32 only, and the note says
+    why."""
+    pytest.importorskip("transformers")
+    monkeypatch.setattr("tinylm.bench_train.has_fast_bf16", lambda device: False)
+    monkeypatch.setattr(torch, "compile", lambda model: model)  # which rows, not inductor
+    cfg = tiny_config(tmp_path)
+    section = bench_train(cfg.model, cfg.optim, cfg.train, Timing(1, 0))
+    names = {row.name for row in section.rows}
+    assert not any("bf16" in name for name in names)
+    assert {"tinylm fp32", "GPT-2 eager fp32", "tinylm fp32 compiled",
+            "GPT-2 eager fp32 compiled", "matmul 64x64 fp32"} <= names
+    assert any(note.startswith("bf16 not timed: this CPU has no bf16 instructions")
+               for note in section.notes)
+    assert any(r.name.startswith("MFU of tinylm fp32") for r in section.ratios)
 
 
 def test_a_missed_target_is_printed_as_missed():

@@ -82,7 +82,8 @@ def test_the_shape_batched_step_moves_the_weights_as_torchs_muon_does(nesterov):
     ours = [torch.nn.Parameter(torch.randn(s)) for s in shapes]
     theirs = [torch.nn.Parameter(p.detach().clone()) for p in ours]
     settings = dict(lr=0.02, weight_decay=0.1, momentum=0.9, nesterov=nesterov)
-    optimizers = ShapeBatchedMuon(ours, **settings), torch.optim.Muon(theirs, **settings)
+    optimizers = (ShapeBatchedMuon(ours, ns_dtype=torch.bfloat16, **settings),  # as torch's
+                  torch.optim.Muon(theirs, **settings))
     for _ in range(3):
         grads = [torch.randn(s) for s in shapes]
         for params, optimizer in zip((ours, theirs), optimizers, strict=True):
@@ -96,12 +97,40 @@ def test_the_shape_batched_step_moves_the_weights_as_torchs_muon_does(nesterov):
                for a, b in zip(ours, theirs, strict=True))
 
 
-def test_newton_schulz_gives_each_matrix_singular_values_near_one():
+def muon_weights_after_steps(ns_dtype: torch.dtype | None, steps: int = 3) -> list[torch.Tensor]:
+    """The weights of three matrices after `steps` ShapeBatchedMuon steps on fixed gradients."""
+    torch.manual_seed(0)
+    params = [torch.nn.Parameter(torch.randn(s)) for s in [(24, 8), (8, 32), (8, 32)]]
+    optimizer = ShapeBatchedMuon(params, ns_dtype=ns_dtype, lr=0.02, momentum=0.9)
+    for _ in range(steps):
+        for p in params:
+            p.grad = torch.randn_like(p)
+        optimizer.step()
+    return [p.detach() for p in params]
+
+
+@pytest.mark.parametrize("fast_bf16", [True, False])
+def test_muon_iterates_in_bf16_only_where_the_hardware_has_it(monkeypatch, fast_bf16):
+    """ns_dtype=None (what configure_optimizer builds): bf16 as torch does where bf16 is fast,
+    fp32 where it is emulated (~80x slower than fp32 on an AVX2-only CPU)."""
+    monkeypatch.setattr("tinylm.muon.has_fast_bf16", lambda device: fast_bf16)
+    chosen = muon_weights_after_steps(ns_dtype=None)
+    expected = muon_weights_after_steps(torch.bfloat16 if fast_bf16 else torch.float32)
+    other = muon_weights_after_steps(torch.float32 if fast_bf16 else torch.bfloat16)
+    assert all(torch.equal(a, b) for a, b in zip(chosen, expected, strict=True))
+    assert not any(torch.equal(a, b) for a, b in zip(chosen, other, strict=True))
+    # the two precisions take the same steps, up to bf16's rounding
+    for a, b in zip(chosen, other, strict=True):
+        torch.testing.assert_close(a, b, atol=0.02, rtol=0)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_newton_schulz_gives_each_matrix_singular_values_near_one(dtype):
     torch.manual_seed(0)
     updates = [torch.randn(48, 16), torch.randn(16, 48), torch.randn(16, 48)]
-    orthogonal = newton_schulz(updates, (3.4445, -4.7750, 2.0315), 5, 1e-7)
+    orthogonal = newton_schulz(updates, (3.4445, -4.7750, 2.0315), 5, 1e-7, dtype)
     for u, x in zip(updates, orthogonal, strict=True):
-        assert x.shape == u.shape and x.dtype == torch.bfloat16
+        assert x.shape == u.shape and x.dtype == dtype
         s = torch.linalg.svdvals(x.float())
         assert 0.5 < s.min() and s.max() < 1.5  # Muon's quintic: roughly 1, not exactly
         assert torch.linalg.svdvals(u).max() > 3  # ... where the update itself was far from it

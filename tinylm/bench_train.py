@@ -1,5 +1,6 @@
 """The train section of tinylm-bench: training steps of tinylm and of a GPT-2 of the same shape,
-in fp32 and bf16, eager and compiled, with the matmul rates that give their MFU.
+in fp32 and (where the CPU has bf16 instructions) bf16, eager and compiled, with the matmul
+rates that give their MFU.
 
     tinylm-bench section=train train.batch_size=32
 
@@ -16,6 +17,7 @@ import torch
 from torch import nn
 
 from tinylm.bench import Ratio, Row, Section, Timing, gpt2_like
+from tinylm.device import has_fast_bf16
 from tinylm.model import ModelConfig, TinyLM
 from tinylm.optim import OptimConfig, configure_optimizer
 
@@ -70,8 +72,13 @@ def model_matmuls(model_cfg: ModelConfig, rows: int, dtype: torch.dtype
 def bench_train(model_cfg: ModelConfig, optim: OptimConfig, cfg: TrainBenchConfig,
                 timing: Timing) -> Section:
     """Training steps: tokens/s and MFU of ours and of GPT-2 (sdpa, eager), fp32 and bf16,
-    eager and (cfg.compile) compiled."""
+    eager and (cfg.compile) compiled; bf16 only where the CPU multiplies it in hardware."""
     B, T = cfg.batch_size, model_cfg.block_size
+    # Emulated bf16 (no AVX512-BF16 or AMX) runs a matmul ~80x slower than fp32: nobody trains
+    # in it (train.precision=auto picks fp32 there), and its 2048² square alone takes ~13 s.
+    fast_bf16 = has_fast_bf16(torch.device("cpu"))
+    precisions = {p: dtype for p, dtype in PRECISION.items() if fast_bf16 or p == "fp32"}
+    compiled_precision = "bf16" if fast_bf16 else "fp32"  # the faster one on this CPU
     x = torch.randint(0, model_cfg.vocab_size, (B, T))
     y = torch.randint(0, model_cfg.vocab_size, (B, T))
 
@@ -81,24 +88,27 @@ def bench_train(model_cfg: ModelConfig, optim: OptimConfig, cfg: TrainBenchConfi
     ours = TinyLM(replace(model_cfg, dropout=0.0))  # like the GPT-2 peer: no dropout
     models = {"tinylm": ours, "GPT-2 sdpa": gpt2_like(model_cfg, "sdpa"),
               "GPT-2 eager": gpt2_like(model_cfg, "eager")}
-    # (model, precision, compiled) per candidate; compiled only in bf16, every model's faster
-    # precision here, as each compile takes ~25 s
+    # (model, precision, compiled) per candidate; compiled only in the faster precision, as
+    # each compile takes ~25 s
     variants = {f"{name} {precision}": (name, precision, False)
-                for name in models for precision in PRECISION}
+                for name in models for precision in precisions}
     candidates: dict[str, Callable[[], object]] = {
         row_name: step_fn(models[name], precision, compiled)
         for row_name, (name, precision, compiled) in variants.items()}
-    compile_note = None
+    notes = [] if fast_bf16 else [
+        "bf16 not timed: this CPU has no bf16 instructions (AVX512-BF16 or AMX), so PyTorch "
+        "emulates it, far slower than fp32; train.precision=auto trains in fp32 here"]
     if cfg.compile:
-        compiled_variants = {f"{name} bf16 compiled": (name, "bf16", True) for name in models}
+        compiled_variants = {f"{name} {compiled_precision} compiled": (
+            name, compiled_precision, True) for name in models}
         try:
             compiled_candidates = {
                 row_name: step_fn(models[name], precision, compiled)
                 for row_name, (name, precision, compiled) in compiled_variants.items()}
         except Exception as err:  # e.g. no C++ compiler for inductor: compare eager only
             first_line = (str(err).strip().splitlines() or [type(err).__name__])[0]
-            compile_note = (f"torch.compile failed ({type(err).__name__}: {first_line}), so no "
-                            "model is timed compiled; train.compile=false skips the attempt")
+            notes.append(f"torch.compile failed ({type(err).__name__}: {first_line}), so no "
+                         "model is timed compiled; train.compile=false skips the attempt")
         else:
             variants.update(compiled_variants)
             candidates.update(compiled_candidates)
@@ -107,16 +117,16 @@ def bench_train(model_cfg: ModelConfig, optim: OptimConfig, cfg: TrainBenchConfi
     n = cfg.peak_size
     shapes_name = f"matmuls of the model's shapes, {B * T} rows"
     shape_flops = 0.0
-    for precision, dtype in PRECISION.items():
+    for precision, dtype in precisions.items():
         a, b = torch.randn(n, n).to(dtype), torch.randn(n, n).to(dtype)
         candidates[f"matmul {n}x{n} {precision}"] = lambda a=a, b=b: a @ b
         candidates[f"{shapes_name} {precision}"], shape_flops = model_matmuls(
             model_cfg, B * T, dtype)
     rows = timing.run(candidates)
 
-    peaks = {p: 2 * n**3 / rows[f"matmul {n}x{n} {p}"].median_s for p in PRECISION}
-    shape_rates = {p: shape_flops / rows[f"{shapes_name} {p}"].median_s for p in PRECISION}
-    for p in PRECISION:
+    peaks = {p: 2 * n**3 / rows[f"matmul {n}x{n} {p}"].median_s for p in precisions}
+    shape_rates = {p: shape_flops / rows[f"{shapes_name} {p}"].median_s for p in precisions}
+    for p in precisions:
         rows[f"matmul {n}x{n} {p}"].figures["gflops"] = peaks[p] / 1e9
         rows[f"{shapes_name} {p}"].figures["gflops"] = shape_rates[p] / 1e9
     # Both models do the same useful work per token (GPT-2's biases add < 0.1%), so MFU counts
@@ -166,4 +176,4 @@ def bench_train(model_cfg: ModelConfig, optim: OptimConfig, cfg: TrainBenchConfi
          f"(B*T, 4C) x (4C, C), forward, C={model_cfg.n_embd}",
          "GPT-2 as transformers builds it: biases in every layer, tanh-approximated GELU, "
          "Conv1D layers; its attention implementation is sdpa or eager as named",
-         *([compile_note] if compile_note else [])])
+         *notes])

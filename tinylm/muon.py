@@ -1,7 +1,7 @@
 """optim=muon: Muon for the Linear matrices of the blocks, AdamW for everything else.
 
 Muon (torch.optim.Muon) replaces each matrix's momentum update by the nearest semi-orthogonal
-matrix (a few Newton-Schulz iterations, in bf16), so every direction of the update moves by a
+matrix (a few Newton-Schulz iterations), so every direction of the update moves by a
 similar amount instead of a few large ones dominating. It is defined for 2-D weights only; the
 embeddings (and the LM head tied to the token embedding), norms and biases stay with AdamW.
 
@@ -20,6 +20,8 @@ from collections import defaultdict
 import torch
 from torch import Tensor, nn
 
+from tinylm.device import has_fast_bf16
+
 
 class ShapeBatchedMuon(torch.optim.Muon):
     """torch.optim.Muon's update, with the Newton-Schulz iterations of all matrices of one shape
@@ -32,7 +34,17 @@ class ShapeBatchedMuon(torch.optim.Muon):
     batched bf16 matmul may round differently from a single one, so a long run ends within
     noise of torch's, not bit for bit. The state (`momentum_buffer`) and hyperparameters are
     torch's, so checkpoints load in either.
+
+    torch iterates in bf16; so does this class where the hardware multiplies bf16
+    (tinylm.device.has_fast_bf16), and in fp32 elsewhere (`ns_dtype=None`, the default). On a
+    CPU without bf16 instructions torch's bf16 iterations took the shakespeare_char step from
+    ~50 ms to ~1 s; fp32 is as fast as it gets there, and more precise. A dtype given as
+    `ns_dtype` holds on every device.
     """
+
+    def __init__(self, params, *, ns_dtype: torch.dtype | None = None, **settings):
+        super().__init__(params, **settings)
+        self.ns_dtype = ns_dtype
 
     @torch.no_grad()
     def step(self) -> None:
@@ -46,8 +58,12 @@ class ShapeBatchedMuon(torch.optim.Muon):
                 buf = self.state[p].setdefault("momentum_buffer", torch.zeros_like(p.grad))
                 buf.lerp_(p.grad, 1 - group["momentum"])
                 updates.append(p.grad.lerp(buf, group["momentum"]) if group["nesterov"] else buf)
+            if not params:
+                continue
+            dtype = self.ns_dtype or (
+                torch.bfloat16 if has_fast_bf16(params[0].device) else torch.float32)
             orthogonal = newton_schulz(updates, group["ns_coefficients"], group["ns_steps"],
-                                       group["eps"])
+                                       group["eps"], dtype)
             for p, update in zip(params, orthogonal, strict=True):
                 rows, cols = p.shape  # a tall matrix moves further: torch's "original" scale
                 p.mul_(1 - group["lr"] * group["weight_decay"])
@@ -55,10 +71,11 @@ class ShapeBatchedMuon(torch.optim.Muon):
 
 
 def newton_schulz(updates: list[Tensor], coefficients: tuple[float, float, float], steps: int,
-                  eps: float) -> list[Tensor]:
-    """Each update's nearest semi-orthogonal matrix, approximately, in bf16, as torch.optim.Muon
-    computes it: wide side first, scaled to Frobenius norm 1, then `steps` quintic iterations
-    X <- aX + (bA + cA²)X with A = XXᵀ. Matrices of one shape go through as one batch."""
+                  eps: float, dtype: torch.dtype = torch.bfloat16) -> list[Tensor]:
+    """Each update's nearest semi-orthogonal matrix, approximately, in `dtype` (bf16: as
+    torch.optim.Muon computes it): wide side first, scaled to Frobenius norm 1, then `steps`
+    quintic iterations X <- aX + (bA + cA²)X with A = XXᵀ. Matrices of one shape go through as
+    one batch."""
     a, b, c = coefficients
     wide = [u.mT if u.size(0) > u.size(1) else u for u in updates]  # (rows <= cols)
     by_shape: dict[torch.Size, list[int]] = defaultdict(list)
@@ -66,7 +83,7 @@ def newton_schulz(updates: list[Tensor], coefficients: tuple[float, float, float
         by_shape[w.shape].append(i)
     result: list[Tensor] = [torch.empty(0)] * len(updates)
     for indices in by_shape.values():
-        x = torch.stack([wide[i] for i in indices]).bfloat16()  # (n, rows, cols)
+        x = torch.stack([wide[i] for i in indices]).to(dtype)  # (n, rows, cols)
         x = x / x.norm(dim=(1, 2), keepdim=True).clamp(min=eps)
         for _ in range(steps):
             gram = x @ x.mT  # (n, rows, rows)

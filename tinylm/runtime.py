@@ -22,6 +22,7 @@ import torch
 import torch.distributed as dist
 
 from tinylm.config import bad
+from tinylm.device import has_fast_bf16
 
 PRECISIONS = ("auto", "fp32", "bf16", "fp16")
 
@@ -116,11 +117,8 @@ def resolve_precision(precision: str, device: torch.device) -> torch.dtype:
     """
     if precision == "auto":
         if device.type == "cuda":
-            return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
-        cpu = torch.cpu
-        fast_bf16 = getattr(cpu, "_is_avx512_bf16_supported", lambda: False)() or \
-            getattr(cpu, "_is_amx_tile_supported", lambda: False)()
-        return torch.bfloat16 if device.type == "cpu" and fast_bf16 else torch.float32
+            return torch.bfloat16 if has_fast_bf16(device) else torch.float16
+        return torch.bfloat16 if device.type == "cpu" and has_fast_bf16(device) else torch.float32
     if precision == "fp16" and device.type != "cuda":
         raise bad("train.precision", precision, "fp16 needs CUDA; use bf16 or fp32 on the CPU")
     return {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[precision]

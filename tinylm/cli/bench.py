@@ -61,7 +61,7 @@ class TrainBenchConfig:
 
     batch_size: int = 16  # as conf/train/default.yaml
     peak_size: int = 2048  # square matmul that measures the machine's FLOP/s
-    compile: bool = True  # also every model under torch.compile, in bf16 (~25 s to compile each)
+    compile: bool = True  # also each model under torch.compile, bf16 if fast here (~25 s each)
 
 
 @dataclass
