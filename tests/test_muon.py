@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from tinylm.muon import MuonWithAdamW, ShapeBatchedMuon, newton_schulz
+from tinylm.muon import MuonWithAdamW, ShapeBatchedMuon, directly, newton_schulz, through_gram
 from tinylm.optim import OptimConfig, configure_optimizer, lr_at
 
 
@@ -134,3 +134,44 @@ def test_newton_schulz_gives_each_matrix_singular_values_near_one(dtype):
         s = torch.linalg.svdvals(x.float())
         assert 0.5 < s.min() and s.max() < 1.5  # Muon's quintic: roughly 1, not exactly
         assert torch.linalg.svdvals(u).max() > 3  # ... where the update itself was far from it
+
+
+MUON_QUINTIC = (3.4445, -4.7750, 2.0315)  # torch.optim.Muon's default coefficients
+
+
+@pytest.mark.parametrize("shape", [(3, 16, 32), (2, 16, 64), (2, 8, 40)])
+@pytest.mark.parametrize("conditioning", ["random", "nearly low-rank"])
+def test_iterating_on_the_gram_matrix_gives_the_direct_iterations_result(shape, conditioning):
+    """P_5···P_1 X_0 with each A updated as P A P, against X <- P X five times, in float64 (the
+    algebra) and in fp32 (its rounding, against the float64 result)."""
+    torch.manual_seed(0)
+    n, rows, cols = shape
+    x = torch.randn(shape, dtype=torch.float64)
+    if conditioning == "nearly low-rank":  # like a momentum of a few similar gradients
+        x = torch.randn(n, rows, 2, dtype=torch.float64) @ torch.randn(n, 2, cols,
+                                                                        dtype=torch.float64)
+        x += 1e-3 * torch.randn(shape, dtype=torch.float64)
+    x /= x.norm(dim=(1, 2), keepdim=True)
+    expected = directly(x, MUON_QUINTIC, 5)
+    torch.testing.assert_close(through_gram(x, MUON_QUINTIC, 5), expected, atol=1e-12, rtol=0)
+    in_fp32 = through_gram(x.float(), MUON_QUINTIC, 5).double()
+    torch.testing.assert_close(in_fp32, expected, atol=1e-4, rtol=0)
+    assert through_gram(x, MUON_QUINTIC, 0).equal(x)  # no step leaves X as it is
+
+
+@pytest.mark.parametrize(("dtype", "shape", "via_gram"), [
+    (torch.float32, (16, 48), True), (torch.float32, (48, 16), True),  # tall: wide side first
+    (torch.float32, (16, 24), False), (torch.bfloat16, (16, 48), False)])
+def test_only_wide_fp32_matrices_take_the_gram_route(monkeypatch, dtype, shape, via_gram):
+    calls = []
+
+    def spy(x, coefficients, steps):
+        calls.append(x.shape)
+        return through_gram(x, coefficients, steps)
+
+    monkeypatch.setattr("tinylm.muon.through_gram", spy)
+    torch.manual_seed(0)
+    update = torch.randn(shape)
+    (orthogonal,) = newton_schulz([update], MUON_QUINTIC, 5, 1e-7, dtype)
+    assert orthogonal.shape == update.shape
+    assert calls == ([(1, min(shape), max(shape))] if via_gram else [])
