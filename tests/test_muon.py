@@ -6,6 +6,8 @@ import torch
 from tinylm.muon import MuonWithAdamW, ShapeBatchedMuon, directly, newton_schulz, through_gram
 from tinylm.optim import OptimConfig, configure_optimizer, lr_at
 
+MUON_QUINTIC = (3.4445, -4.7750, 2.0315)  # torch.optim.Muon's default coefficients
+
 
 @pytest.fixture
 def small_model(tiny_model):
@@ -128,15 +130,12 @@ def test_muon_iterates_in_bf16_only_where_the_hardware_has_it(monkeypatch, fast_
 def test_newton_schulz_gives_each_matrix_singular_values_near_one(dtype):
     torch.manual_seed(0)
     updates = [torch.randn(48, 16), torch.randn(16, 48), torch.randn(16, 48)]
-    orthogonal = newton_schulz(updates, (3.4445, -4.7750, 2.0315), 5, 1e-7, dtype)
+    orthogonal = newton_schulz(updates, MUON_QUINTIC, 5, 1e-7, dtype)
     for u, x in zip(updates, orthogonal, strict=True):
         assert x.shape == u.shape and x.dtype == dtype
         s = torch.linalg.svdvals(x.float())
         assert 0.5 < s.min() and s.max() < 1.5  # Muon's quintic: roughly 1, not exactly
         assert torch.linalg.svdvals(u).max() > 3  # ... where the update itself was far from it
-
-
-MUON_QUINTIC = (3.4445, -4.7750, 2.0315)  # torch.optim.Muon's default coefficients
 
 
 @pytest.mark.parametrize("shape", [(3, 16, 32), (2, 16, 64), (2, 8, 40)])

@@ -118,7 +118,7 @@ def resolve_precision(precision: str, device: torch.device) -> torch.dtype:
     if precision == "auto":
         if device.type == "cuda":
             return torch.bfloat16 if has_fast_bf16(device) else torch.float16
-        return torch.bfloat16 if device.type == "cpu" and has_fast_bf16(device) else torch.float32
+        return torch.bfloat16 if has_fast_bf16(device) else torch.float32
     if precision == "fp16" and device.type != "cuda":
         raise bad("train.precision", precision, "fp16 needs CUDA; use bf16 or fp32 on the CPU")
     return {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[precision]
