@@ -83,6 +83,22 @@ def test_causal_weights_are_zero_above_the_diagonal():
     assert torch.allclose(weights.sum(-1), torch.ones(3))
 
 
+def test_exps_are_exp_of_the_shifted_scores_and_the_masked_ones_give_exact_zeros():
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(2, 3, 16, 8) * 3 for _ in range(3))  # shifted scores down to ~ -40
+    steps = attention_steps(q, k, v, is_causal=True)
+    hidden = causal_mask(16, 16)
+    assert torch.equal(steps.masked, steps.scaled.masked_fill(hidden, float("-inf")))
+    assert steps.shifted.masked_select(~hidden).min() < -20
+    exact = torch.exp(steps.shifted)
+    # exp2(x·log₂e) rounds x·log₂e first: within float32's rounding of 1, and a few ulps where
+    # an exp is large enough to weigh
+    torch.testing.assert_close(steps.exps, exact, rtol=0, atol=1e-7)
+    large = exact > 1e-2
+    torch.testing.assert_close(steps.exps[large], exact[large], rtol=5e-7, atol=0)
+    assert torch.all(steps.exps.masked_select(hidden) == 0)
+
+
 def test_huge_scores_give_finite_weights_that_sum_to_one():
     q = torch.tensor([[1e4, -1e4], [3e4, 2e4]])
     k = torch.tensor([[1e4, 0.0], [0.0, 1e4], [-1e4, 1e4]])

@@ -23,6 +23,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+LOG2_E = math.log2(math.e)  # e^x = 2^(x·log₂e)
+
 
 @lru_cache(maxsize=64)
 def causal_mask(t_q: int, t_k: int, device: torch.device | str = "cpu") -> torch.Tensor:
@@ -84,14 +86,20 @@ def attention_steps(
     if is_causal:
         causal = causal_mask(t_q, t_k, q.device)
         hidden = causal if hidden is None else (hidden | causal)
-    masked = scaled if hidden is None else scaled.masked_fill(hidden, float("-inf"))
+    # masked_fill(hidden, -inf), written as where(): the same values, and on a CPU ~1.7x faster
+    # than masked_fill with a mask broadcast over the batch and heads
+    masked = scaled if hidden is None else torch.where(hidden, float("-inf"), scaled)
 
     # Subtracting the row max leaves softmax unchanged and keeps every exponent <= 0, so exp()
     # cannot overflow. A fully hidden row has max -inf; use 0 there so it gives zeros, not NaN.
     row_max = masked.amax(dim=-1, keepdim=True)
     row_max = row_max.masked_fill(torch.isinf(row_max), 0.0)
     shifted = masked - row_max
-    exps = torch.exp(shifted)
+    # exp(x) computed as 2^(x·log₂e): within 6e-8 of exp (the exps are <= 1), a few float32
+    # ulps where an exp is large enough to weigh. PyTorch's CPU exp goes through MKL, which takes
+    # a slow path for exp(-inf), the hidden half of every causal row: ~4x slower than exp2 there
+    # on an AMD Zen 3 (docs/benchmarks.md).
+    exps = torch.exp2(shifted * LOG2_E)
     exp_sum = exps.sum(dim=-1, keepdim=True)
     weights = exps / exp_sum.clamp_min(torch.finfo(exps.dtype).tiny)
 
