@@ -174,6 +174,10 @@ class KVCache:
         shape = (n_layer, batch_size, n_head, max_len, head_size)
         self._k = torch.zeros(shape, dtype=dtype, device=device)
         self._v = torch.zeros(shape, dtype=dtype, device=device)
+        # each layer's view, made once: indexing the 5-d buffers anew costs more than the write
+        # itself at one token a step
+        self._layer_k = [self._k[i] for i in range(n_layer)]
+        self._layer_v = [self._v[i] for i in range(n_layer)]
         self._length = 0
 
     @property
@@ -193,12 +197,14 @@ class KVCache:
               ) -> tuple[torch.Tensor, torch.Tensor]:
         """Store a layer's new keys/values (B, nh, T_new, hs) after the cached positions;
         return that layer's keys/values up to them (B, nh, length + T_new, hs)."""
-        start, end = self._length, self._length + k.size(2)
-        if end > self.max_len:
-            raise ValueError(f"KV cache holds {self.max_len} positions; {end} were asked for")
-        self._k[layer, :, :, start:end] = k
-        self._v[layer, :, :, start:end] = v
-        return self._k[layer, :, :, :end], self._v[layer, :, :, :end]
+        start, new = self._length, k.size(2)
+        if start + new > self.max_len:
+            raise ValueError(f"KV cache holds {self.max_len} positions; {start + new} were "
+                             "asked for")
+        keys, values = self._layer_k[layer], self._layer_v[layer]  # (B, nh, max_len, hs)
+        keys.narrow(2, start, new).copy_(k)
+        values.narrow(2, start, new).copy_(v)
+        return keys.narrow(2, 0, start + new), values.narrow(2, 0, start + new)
 
     def advance(self, n: int) -> None:
         """Count n new positions as cached, once every layer has written them."""
@@ -255,8 +261,10 @@ class MultiHeadAttention(nn.Module):
     def project_heads(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """x (B, T, C) -> each head's q, k, v, (B, nh, T, hs) each."""
         B, T, C = x.size()
-        q, k, v = self.qkv_proj(x).split(self.n_embd, dim=2)  # (B, T, C) each
-        return tuple(t.view(B, T, self.n_head, self.head_size).transpose(1, 2) for t in (q, k, v))
+        qkv = self.qkv_proj(x).view(B, T, 3, self.n_head, self.head_size)
+        # (3, B, nh, T, hs), then one (B, nh, T, hs) view each: 3 calls where split, view and
+        # transpose per tensor take 7, which counts when decoding one token at a time
+        return qkv.permute(2, 0, 3, 1, 4).unbind(0)
 
     def forward(
         self,

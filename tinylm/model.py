@@ -170,8 +170,8 @@ class TinyLM(nn.Module):
             raise ValueError(
                 f"sequence of {start + T} tokens is longer than block_size="
                 f"{self.config.block_size}; crop it to the last {self.config.block_size} tokens")
-        pos = torch.arange(start, start + T, device=idx.device)  # (T,)
-        x = self.drop(self.wte(idx) + self.wpe(pos))  # (B, T, C)
+        # positions start .. start+T-1 are consecutive rows of the position embedding
+        x = self.drop(self.wte(idx) + self.wpe.weight[start:start + T])  # (B, T, C)
 
         attentions = [] if return_attention else None
         for i, block in enumerate(self.blocks):
