@@ -174,6 +174,14 @@ def test_without_bf16_instructions_the_train_section_compiles_and_compares_in_fp
     assert any(note.startswith("bf16 not timed: this CPU has no bf16 instructions")
                for note in section.notes)
     assert any(r.name.startswith("MFU of tinylm fp32") for r in section.ratios)
+    # the comparison, compiled against compiled, is judged from the compiled rows alone
+    rows = {row.name: row for row in section.rows}
+    both = [r for r in section.ratios if r.name.endswith("(both compiled)")]
+    assert len(both) == 1 and both[0].target == 1.25
+    gpt2 = min((rows[f"GPT-2 {kind} fp32 compiled"] for kind in ("sdpa", "eager")),
+               key=lambda row: row.median_s)
+    assert both[0].name == f"tokens/s tinylm fp32 compiled / {gpt2.name} (both compiled)"
+    assert both[0].value == gpt2.median_s / rows["tinylm fp32 compiled"].median_s
 
 
 def test_a_missed_target_is_printed_as_missed():
