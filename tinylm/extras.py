@@ -32,6 +32,7 @@ import time
 from collections.abc import Callable
 from concurrent.futures import Executor, Future, ProcessPoolExecutor, ThreadPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
+from functools import lru_cache
 
 import numpy as np
 from PIL import Image
@@ -146,14 +147,21 @@ def image_summary(tag: str, image: np.ndarray) -> bytes:
     return Summary(value=[Summary.Value(tag=tag, image=picture)]).SerializeToString()
 
 
+@lru_cache(maxsize=4)
+def _attention_grids(tokens: tuple[str, ...]):
+    """One AttentionGridImages per token list, kept by the helper from one evaluation to the
+    next: a run captures the same probe prompt each time, so only the first lays figures out."""
+    # matplotlib (~0.6 s to import) loads where figures are drawn: the helper, not training
+    from tinylm.plots import AttentionGridImages
+
+    return AttentionGridImages(tokens)
+
+
 def attention_grid_summaries(weights: np.ndarray, tokens: list[str], step: int) -> list[bytes]:
     """`attention/layer_NN`: every head of each layer; weights (n_layer, n_head, T, T)."""
-    # matplotlib (~0.6 s to import) loads where figures are drawn: the helper, not training
-    from tinylm.plots import attention_grid_figure, figure_to_image
-
-    return [image_summary(f"attention/layer_{layer:02d}", figure_to_image(
-        attention_grid_figure(w, tokens, f"layer {layer}, step {step}")))
-        for layer, w in enumerate(weights)]
+    grids = _attention_grids(tuple(tokens))
+    return [image_summary(f"attention/layer_{layer:02d}", grids(w, f"layer {layer}, step {step}"))
+            for layer, w in enumerate(weights)]
 
 
 def layer_head_summaries(tag: str, values: np.ndarray, title: str, label: str,
