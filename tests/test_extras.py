@@ -98,6 +98,17 @@ def test_figures_are_still_drawn_when_the_helper_process_cannot_run(tmp_path, mo
                for r in caplog.records) == 1
 
 
+def test_one_process_draws_models_of_other_head_counts_on_the_same_prompt():
+    """The layouts a process keeps (one per token list) do not mix up two models' grids, as
+    two runs in one process with the drawing thread would ask."""
+    for n_head in (2, 3, 2):
+        w = np.tril(np.random.default_rng(n_head).random((1, n_head, 5, 5))).astype(np.float32)
+        w /= w.sum(-1, keepdims=True)
+        fresh = image_summary("attention/layer_00", figure_to_image(
+            attention_grid_figure(w[0], TOKENS, "layer 0, step 7")))
+        assert attention_grid_summaries(w, TOKENS, 7) == [fresh]
+
+
 ORPHANED_TRAINING = '''
 import os
 from types import SimpleNamespace

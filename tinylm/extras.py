@@ -148,9 +148,10 @@ def image_summary(tag: str, image: np.ndarray) -> bytes:
 
 
 @lru_cache(maxsize=4)
-def _attention_grids(tokens: tuple[str, ...]):
-    """One AttentionGridImages per token list, kept by the helper from one evaluation to the
-    next: a run captures the same probe prompt each time, so only the first lays figures out."""
+def _attention_grids(tokens: tuple[str, ...], n_head: int):
+    """One AttentionGridImages per token list and head count, kept by the helper from one
+    evaluation to the next: a run captures the same probe prompt each time, so only the first
+    lays figures out."""
     # matplotlib (~0.6 s to import) loads where figures are drawn: the helper, not training
     from tinylm.plots import AttentionGridImages
 
@@ -159,7 +160,7 @@ def _attention_grids(tokens: tuple[str, ...]):
 
 def attention_grid_summaries(weights: np.ndarray, tokens: list[str], step: int) -> list[bytes]:
     """`attention/layer_NN`: every head of each layer; weights (n_layer, n_head, T, T)."""
-    grids = _attention_grids(tuple(tokens))
+    grids = _attention_grids(tuple(tokens), weights.shape[1])
     return [image_summary(f"attention/layer_{layer:02d}", grids(w, f"layer {layer}, step {step}"))
             for layer, w in enumerate(weights)]
 
