@@ -98,9 +98,14 @@ def _grid_weights(weights: np.ndarray, tokens: Sequence[str]) -> np.ndarray:
     return weights
 
 
-def _grid_title(title: str, n_tokens: int, max_labels: int) -> str:
+def _labels_note(n_tokens: int, max_labels: int) -> str:
+    """What a heatmap's title says of its labels: "40 tokens, 1 in 2 labelled"."""
     step = label_step(n_tokens, max_labels)
-    note = f"{n_tokens} tokens" + (f", 1 in {step} labelled" if step > 1 else "")
+    return f"{n_tokens} tokens" + (f", 1 in {step} labelled" if step > 1 else "")
+
+
+def _grid_title(title: str, n_tokens: int, max_labels: int) -> str:
+    note = _labels_note(n_tokens, max_labels)
     return f"{title}  ({note}; rows: query, columns: key)".strip()
 
 
@@ -198,9 +203,7 @@ def attention_head_figure(weights: np.ndarray, tokens: Sequence[str], title: str
     image = _heatmap(ax, weights, tokens, max_labels, 8 if t > 24 else 10, highlight)
     ax.set_xlabel("key: the token looked at")
     ax.set_ylabel("query: the token looking")
-    step = label_step(t, max_labels)
-    note = f"{t} tokens" + (f", 1 in {step} labelled" if step > 1 else "")
-    ax.set_title(f"{title}  ({note})".strip())
+    ax.set_title(f"{title}  ({_labels_note(t, max_labels)})".strip())
     fig.colorbar(image, ax=ax, shrink=0.7, label="attention weight")
     return fig
 
