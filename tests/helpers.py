@@ -1,5 +1,6 @@
 """Plain functions the test files share: the real conf/ composed, a saved run, a command-line run,
-a tensorboard server. The fixtures built from them live in conftest.py."""
+a tensorboard server, random attention weights. The fixtures built from them live in
+conftest.py."""
 
 import contextlib
 import os
@@ -7,6 +8,7 @@ import socket
 import subprocess
 import sys
 
+import numpy as np
 import torch
 from hydra import compose as hydra_compose
 from hydra import initialize_config_dir
@@ -27,6 +29,13 @@ TINY = ["data=text", "tokenizer.vocab_size=300", "model.n_layer=2", "model.n_hea
 # The session's trained run (conftest's `trained_run`): dropout, so that the RNG matters.
 TRAINED_RUN = ["model.dropout=0.1", "train.sample_tokens=16",
                "train.probe_prompt='Lily went home. She'"]
+
+
+def causal_weights(seed: int, shape: tuple[int, ...]) -> np.ndarray:
+    """Random float32 attention weights of `shape` (..., T, T): zero above the diagonal, each
+    row summing to 1 over the keys it may see."""
+    w = np.tril(np.random.default_rng(seed).random(shape)).astype(np.float32)
+    return w / w.sum(-1, keepdims=True)
 
 
 def compose(config_name, overrides=(), return_hydra_config=False):

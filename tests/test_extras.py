@@ -8,6 +8,7 @@ import time
 
 import numpy as np
 import pytest
+from helpers import causal_weights
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from torch.utils.tensorboard import SummaryWriter
 
@@ -19,9 +20,7 @@ TOKENS = ["Lily", " went", " home", ".", " She"]
 
 def weights(seed):
     """(n_layer=2, n_head=2, T, T) rows that sum to 1 over the causal keys."""
-    rng = np.random.default_rng(seed)
-    w = np.tril(rng.random((2, 2, 5, 5))).astype(np.float32)
-    return w / w.sum(-1, keepdims=True)
+    return causal_weights(seed, (2, 2, 5, 5))
 
 
 def images(logdir):
@@ -102,8 +101,7 @@ def test_one_process_draws_models_of_other_head_counts_on_the_same_prompt():
     """The layouts a process keeps (one per token list) do not mix up two models' grids, as
     two runs in one process with the drawing thread would ask."""
     for n_head in (2, 3, 2):
-        w = np.tril(np.random.default_rng(n_head).random((1, n_head, 5, 5))).astype(np.float32)
-        w /= w.sum(-1, keepdims=True)
+        w = causal_weights(n_head, (1, n_head, 5, 5))
         fresh = image_summary("attention/layer_00", figure_to_image(
             attention_grid_figure(w[0], TOKENS, "layer 0, step 7")))
         assert attention_grid_summaries(w, TOKENS, 7) == [fresh]

@@ -2,14 +2,9 @@
 
 import numpy as np
 import pytest
+from helpers import causal_weights
 
 from tinylm.plots import AttentionGridImages, attention_grid_figure, figure_to_image
-
-
-def causal_weights(seed: int, n_head: int, t: int) -> np.ndarray:
-    """(n_head, t, t) rows that sum to 1 over the causal keys."""
-    w = np.tril(np.random.default_rng(seed).random((n_head, t, t))).astype(np.float32)
-    return w / w.sum(-1, keepdims=True)
 
 
 @pytest.mark.parametrize(("n_head", "t", "max_labels", "highlight"), [
@@ -23,7 +18,7 @@ def test_every_layer_and_title_gives_the_pixels_of_a_fresh_figure(n_head, t, max
     # titles of other lengths than the first, whose layout the later images keep
     for seed, title in enumerate(["layer 0, step 0", "layer 1, step 250", "layer 12, step 10000",
                                   ""]):
-        weights = causal_weights(seed, n_head, t)
+        weights = causal_weights(seed, (n_head, t, t))
         fresh = figure_to_image(attention_grid_figure(weights, tokens, title, max_labels,
                                                       highlight))
         assert np.array_equal(grids(weights, title), fresh), title
@@ -32,8 +27,8 @@ def test_every_layer_and_title_gives_the_pixels_of_a_fresh_figure(n_head, t, max
 def test_weights_of_another_shape_are_refused():
     tokens = ["a", "b", "c"]
     grids = AttentionGridImages(tokens)
-    grids(causal_weights(0, 2, 3))
+    grids(causal_weights(0, (2, 3, 3)))
     with pytest.raises(ValueError, match="must have 2 heads"):
-        grids(causal_weights(0, 4, 3))
+        grids(causal_weights(0, (4, 3, 3)))
     with pytest.raises(ValueError, match="T=3 tokens"):
-        grids(causal_weights(0, 2, 4))
+        grids(causal_weights(0, (2, 4, 4)))
