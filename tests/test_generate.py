@@ -106,6 +106,54 @@ def test_generation_stops_at_the_stop_token_and_pads_finished_rows(tiny_model):
     assert len(streamed) == out.size(1) - 4
 
 
+def onednn_states_while_decoding(model, idx, n=4, on_token=None):
+    """torch.backends.mkldnn.enabled as seen at each new token of a greedy generate()."""
+    seen = []
+
+    def record(ids):
+        seen.append(torch.backends.mkldnn.enabled)
+        if on_token is not None:
+            on_token(ids)
+
+    return generate(model, idx, n, temperature=0.0, on_token=record), seen
+
+
+def test_float32_cpu_decoding_runs_without_onednn_and_gives_the_forwards_tokens(tiny_model):
+    model = tiny_model(60, seed=7)
+    idx = torch.randint(0, 60, (1, 4))
+    out, seen = onednn_states_while_decoding(model, idx, 6)
+    assert seen == [False] * 6
+    assert torch.backends.mkldnn.enabled  # switched back afterwards
+    # the same tokens as greedy steps of the plain forward, which runs oneDNN's GELU
+    seq = idx
+    with torch.no_grad():
+        for _ in range(6):
+            seq = torch.cat([seq, model(seq).logits[:, -1].argmax(-1, keepdim=True)], dim=1)
+    assert torch.equal(out, seq)
+
+    def interrupt(ids):
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        onednn_states_while_decoding(model, idx, on_token=interrupt)
+    assert torch.backends.mkldnn.enabled  # also when decoding is interrupted
+
+
+def test_bf16_autocast_and_a_caller_switched_off_onednn_are_left_as_they_are(tiny_model):
+    idx = torch.randint(0, 60, (1, 4))
+    _, seen = onednn_states_while_decoding(tiny_model(60, seed=8).to(torch.bfloat16), idx)
+    assert seen == [True] * 4  # bf16 matmuls run in oneDNN on a CPU
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        _, seen = onednn_states_while_decoding(tiny_model(60, seed=8), idx)
+    assert seen == [True] * 4
+    torch.backends.mkldnn.enabled = False
+    try:
+        _, seen = onednn_states_while_decoding(tiny_model(60, seed=8), idx)
+        assert seen == [False] * 4 and not torch.backends.mkldnn.enabled  # not switched on
+    finally:
+        torch.backends.mkldnn.enabled = True
+
+
 def test_long_prompt_keeps_its_last_block_size_tokens(bpe):
     text = "Lily and Tom went to the park. " * 10
     ids, dropped = encode_prompt(bpe, text, block_size=16)
