@@ -108,18 +108,18 @@ def through_gram(x: Tensor, coefficients: tuple[float, float, float], steps: int
 
     Each step multiplies X by P = aI + bA + cA², so the result is X_s = P_s···P_1 X_0, and the
     next A = P A Pᵀ = P A P (P is symmetric and, a polynomial in A, commutes with it). Only the
-    first A and the final product touch the wide X: 4·rows²·cols + (8·steps − 4)·rows³ FLOPs
-    against directly's steps·(4·rows²·cols + 2·rows³), fewer once cols > 1.625·rows at 5 steps
-    (1.7x fewer for the 128 x 512 matrices of the default model's MLP). In fp32 it stays within
+    first A and the final product touch the wide X: 4·rows²·cols + (8·steps − 6)·rows³ FLOPs
+    against directly's steps·(4·rows²·cols + 2·rows³), fewer once cols > 1.5·rows at 5 steps
+    (1.8x fewer for the 128 x 512 matrices of the default model's MLP). In fp32 it stays within
     ~1e-5 of the direct iterations on outputs of ~0.2 (tests/test_muon.py); bf16 would not.
     """
     a, b, c = coefficients
     gram = x @ x.mT  # (n, rows, rows)
     identity = torch.eye(gram.size(-1), dtype=gram.dtype, device=gram.device)
-    product = identity  # P_k···P_1
+    product = identity  # P_k···P_1, none yet
     for k in range(steps):
         p = torch.baddbmm(gram, gram, gram, beta=b, alpha=c) + a * identity
-        product = p @ product
+        product = p if k == 0 else p @ product  # P_1·I is P_1: no matmul needed
         if k < steps - 1:  # the last step's A is never used
             gram = p @ (gram @ p)
     return product @ x
