@@ -1,6 +1,7 @@
 """The tinylm-* commands (one module each: its config, what it loads, prints and writes, its
-Hydra entry point), and what they share: how a command ends on bad input or a signal (here),
-and the check of its command line before Hydra runs it (tinylm/cli/command_line.py).
+Hydra entry point), and what they share: how a command ends on bad input or a signal, how its
+process frees memory and collects garbage (here), and the check of its command line before
+Hydra runs it (tinylm/cli/command_line.py).
 
 This package's own import stays light (no Hydra, no torch): the process that draws a training
 run's figures is spawned, imports the training command's module again, and needs neither.
@@ -9,6 +10,7 @@ run's figures is spawned, imports the training command's module again, and needs
 from __future__ import annotations
 
 import atexit
+import ctypes
 import gc
 import json
 import os
@@ -27,6 +29,33 @@ T = TypeVar("T")
 # time. Frozen objects are left out of it; the commands close their files themselves, and
 # what is freed by reference counting still is.
 atexit.register(gc.freeze)
+
+
+def keep_freed_memory() -> None:
+    """Let glibc's malloc keep the memory a process frees, for its next allocations.
+
+    By default glibc hands freed memory at the top of its heap back to the system once over
+    128 KiB of it is free there, and serves blocks from 128 KiB up from fresh mappings until it
+    has seen such a block freed. A forward that returns attention weights makes and frees
+    ~14 MB of (B, n_head, T, T) intermediates at B=4, T=128, and each call took those pages
+    anew from the kernel: ~3,300 page faults and 10-17 ms of system time a call on a Zen 3,
+    where the whole forward takes ~30 ms. A default training step faulted ~6,000 pages.
+    Blocks up to 32 MiB (glibc's own cap for this) now come from the heap, and up to 1 GiB may
+    stay free in it for reuse (docs/benchmarks.md). Elsewhere (macOS, Windows, musl) the
+    system's allocator is left as it is.
+    """
+    if sys.platform != "linux":
+        return
+    try:
+        mallopt = ctypes.CDLL("libc.so.6").mallopt
+    except (OSError, AttributeError):  # another C library (musl): its allocator as it is
+        return
+    m_trim_threshold, m_mmap_threshold = -1, -3  # <malloc.h>
+    mallopt(m_mmap_threshold, 32 << 20)
+    mallopt(m_trim_threshold, 1 << 30)
+
+
+keep_freed_memory()
 
 
 def run_or_exit(command: str, action: Callable[[], T], interrupted: str = "interrupted",
