@@ -57,7 +57,7 @@ def pytorch_cpu_kernels(model: TinyLM) -> Iterator[None]:
 
     Decoding runs one token at a time, and oneDNN's set-up for each call then outweighs the work:
     GELU on one token's 512 values takes ~20 µs through oneDNN against ~4 µs in PyTorch's kernel,
-    and a decoded token ~9% longer (AMD Zen 3, docs/benchmarks.md). Both compute the exact (erf)
+    and a decoded token ~8% longer (AMD Zen 3, docs/benchmarks.md). Both compute the exact (erf)
     GELU, within 5e-7 of each other. bf16 keeps oneDNN (its CPU matmuls run in it), and so does
     anything under autocast. The switch is process-wide, so it is put back on the way out.
     """
