@@ -1,8 +1,9 @@
 """Sampling text from a trained tinylm, with a KV cache, one token at a time.
 
-`sample_next` picks one token from logits; `generate` runs the decoding loop and hands each new
-token to a callback; `StreamDecoder` turns tokens into printable text; `encode_prompt` crops a
-prompt to the context. The command, tinylm-generate, is tinylm/cli/generate.py:
+`sample_next` picks one token from logits; `generate` runs the decoding loop (on a CPU with
+PyTorch's own kernels: `pytorch_cpu_kernels`) and hands each new token to a callback;
+`StreamDecoder` turns tokens into printable text; `encode_prompt` crops a prompt to the context.
+The command, tinylm-generate, is tinylm/cli/generate.py:
 
     tinylm-generate checkpoint=runs/2025-01-01/12-00-00 prompt="Lily and Tom went to the park."
     python scripts/generate.py checkpoint=<run> prompt="Once upon a time" temperature=0
