@@ -40,9 +40,10 @@ def keep_freed_memory() -> None:
     ~14 MB of (B, n_head, T, T) intermediates at B=4, T=128, and each call took those pages
     anew from the kernel: ~3,300 page faults and 10-17 ms of system time a call on a Zen 3,
     where the whole forward takes ~30 ms. A default training step faulted ~6,000 pages.
-    Blocks up to 32 MiB (glibc's own cap for this) now come from the heap, and up to 1 GiB may
-    stay free in it for reuse (docs/benchmarks.md). Elsewhere (macOS, Windows, musl) the
-    system's allocator is left as it is.
+    Blocks up to 64 MiB now come from the heap (full fp32 logits of a (16, 128) batch over
+    4,096 tokens are 32 MiB; glibc versions that refuse more than 32 MiB get 32), and up to
+    1 GiB may stay free in it for reuse (docs/benchmarks.md). Elsewhere (macOS, Windows, musl)
+    the system's allocator is left as it is.
     """
     if sys.platform != "linux":
         return
@@ -51,8 +52,11 @@ def keep_freed_memory() -> None:
     except (OSError, AttributeError):  # another C library (musl): its allocator as it is
         return
     m_trim_threshold, m_mmap_threshold = -1, -3  # <malloc.h>
-    mallopt(m_mmap_threshold, 32 << 20)
-    mallopt(m_trim_threshold, 1 << 30)
+    # mallopt returns 0 for a value it refuses. Setting either threshold stops glibc from
+    # raising the mapping threshold by itself, so the trim threshold is set only once a mapping
+    # threshold has been accepted.
+    if mallopt(m_mmap_threshold, 64 << 20) or mallopt(m_mmap_threshold, 32 << 20):
+        mallopt(m_trim_threshold, 1 << 30)
 
 
 keep_freed_memory()
