@@ -144,7 +144,7 @@ def test_the_commands_leave_their_objects_out_of_the_collection_at_exit():
 
 ATTENTION_PAGE_FAULTS = """
 import resource, torch
-{import_cli}
+import tinylm.cli  # the commands' malloc settings
 from tinylm.model import ModelConfig, TinyLM
 model = TinyLM(ModelConfig(vocab_size=256, n_layer=2)).eval()
 idx = torch.zeros(4, 128, dtype=torch.long)
@@ -163,7 +163,7 @@ def test_the_commands_reuse_freed_memory_instead_of_faulting_it_in_again():
     # without the tuning glibc gave the freed intermediates back to the kernel, and the next
     # calls faulted them in again: 9,000-11,000 page faults over the last 9 calls here, against
     # 0-200 with it
-    faults = int(_python(ATTENTION_PAGE_FAULTS.format(import_cli="import tinylm.cli")))
+    faults = int(_python(ATTENTION_PAGE_FAULTS))
     assert faults < 2000
 
 
