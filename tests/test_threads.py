@@ -10,7 +10,14 @@ import torch
 import tinylm.threads
 from tinylm.cli.generate import GenerateConfig
 from tinylm.config import ConfigError
-from tinylm.threads import apply_threads, busy_cpus, choose_threads, usable_cpus
+from tinylm.threads import (
+    CpuUse,
+    apply_threads,
+    busy_cpus,
+    choose_threads,
+    usable_cpus,
+    wait_passively_if_cores_full,
+)
 from tinylm.train_config import TrainConfig
 
 
@@ -72,6 +79,98 @@ def test_unknown_load_takes_the_share(machine):
 def test_an_explicit_number_wins_over_the_load(machine):
     machine(range(2), 2.0)
     assert choose_threads(3).threads == 3 and choose_threads(3).reason == "set"
+
+
+@pytest.mark.parametrize("policy", ["passive", "PASSIVE"])
+def test_training_beside_work_that_fills_every_core_takes_a_team_that_sleeps_while_waiting(
+        machine, monkeypatch, policy):
+    machine(range(2), 1.8)
+    monkeypatch.setenv("OMP_WAIT_POLICY", policy)
+    choice = choose_threads("auto", team_when_full=True)
+    assert choice.threads == 2
+    assert choice.reason.endswith("every core busy: a share of them, with threads that sleep "
+                                  "while they wait")
+
+
+@pytest.mark.parametrize(("busy", "policy", "team_when_full", "threads"), [
+    (1.8, "active", True, 1),  # spinning threads would collapse
+    (1.8, None, True, 1),  # OpenMP's default spins
+    (1.8, "passive", False, 1),  # decoding: one token's operations are too small to share
+    (1.0, "passive", True, 1),  # a free core: one thread there runs alone
+])
+def test_otherwise_auto_keeps_one_thread_beside_work_that_fills_the_cores(
+        machine, monkeypatch, busy, policy, team_when_full, threads):
+    machine(range(2), busy)
+    if policy is None:
+        monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
+    else:
+        monkeypatch.setenv("OMP_WAIT_POLICY", policy)
+    choice = choose_threads("auto", team_when_full=team_when_full)
+    assert choice.threads == threads and "every core busy" not in choice.reason
+
+
+def use_of_cores(monkeypatch, cpus, use):
+    """The affinity and the CpuUse that busy_cpus and wait_passively_if_cores_full see."""
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(cpus), raising=False)
+    monkeypatch.setattr(tinylm.threads, "cpu_use", lambda cpus, since=None: use)
+
+
+@pytest.mark.parametrize(("others", "own", "busy"), [
+    (1.3, 0.7, 1.3 / 0.7),  # our one thread got a slice: the 2-thread job asks for ~2 cores
+    (1.0, 1.0, 1.0),  # a busy loop on the other core: no one waited
+    (0.2, 0.9, 0.2),  # a free core: the others got what they asked for
+    (1.2, 1.6, 1.2),  # our start-up ran on more than one thread: no slice to divide by
+    (1.7, 0.0, 1.7),  # the load average (own unknown)
+])
+def test_busy_cpus_counts_what_the_others_would_use_without_this_process(
+        monkeypatch, others, own, busy):
+    use_of_cores(monkeypatch, range(2), CpuUse(others, own, "test"))
+    assert busy_cpus(usable_cpus()) == (pytest.approx(busy), "test")
+
+
+@pytest.fixture
+def before_torch(monkeypatch):
+    """As in a command before it imports torch: no wait setting, torch not in sys.modules."""
+    for key in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT"):
+        monkeypatch.delenv(key, raising=False)
+    monkeypatch.delitem(sys.modules, "torch")
+
+
+@pytest.mark.parametrize(("others", "own", "passive"), [
+    (1.3, 0.7, True), (1.0, 1.0, True), (1.0, 0.7, True), (0.2, 1.0, False), (0.0, 0.9, False)])
+def test_the_threads_wait_passively_when_every_core_is_busy_before_torch_loads(
+        monkeypatch, before_torch, others, own, passive):
+    use_of_cores(monkeypatch, range(2), CpuUse(others, own, "test"))
+    assert wait_passively_if_cores_full() is passive
+    assert os.environ.get("OMP_WAIT_POLICY") == ("passive" if passive else None)
+
+
+@pytest.mark.parametrize("setting", [("OMP_WAIT_POLICY", "active"), ("GOMP_SPINCOUNT", "1000")])
+def test_a_wait_setting_of_the_environment_is_left_as_it_is(monkeypatch, before_torch, setting):
+    use_of_cores(monkeypatch, range(2), CpuUse(2.0, 1.0, "test"))
+    monkeypatch.setenv(*setting)
+    assert wait_passively_if_cores_full() is False
+    assert os.environ.get("OMP_WAIT_POLICY") == ("active" if setting[1] == "active" else None)
+
+
+def test_once_torch_has_loaded_the_wait_policy_is_not_changed(monkeypatch):
+    monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
+    use_of_cores(monkeypatch, range(2), CpuUse(2.0, 1.0, "test"))
+    assert "torch" in sys.modules and wait_passively_if_cores_full() is False
+    assert "OMP_WAIT_POLICY" not in os.environ
+
+
+def test_tinylm_train_decides_the_wait_policy_before_it_imports_torch():
+    script = (
+        "import sys\nimport tinylm.threads\ncalls = []\n"
+        "tinylm.threads.wait_passively_if_cores_full = "
+        "lambda since=None: calls.append('torch' in sys.modules)\n"
+        "from tinylm.cli.train import main\nsys.argv = ['tinylm-train', '--cfg', 'job']\n"
+        "main()\nprint('calls', calls, 'torch' in sys.modules)\n")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          check=True)
+    # called once, before torch was imported, and torch was imported after it
+    assert done.stdout.splitlines()[-1] == "calls [False] True"
 
 
 def test_apply_threads_sets_torchs_intra_op_threads(machine):

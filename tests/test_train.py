@@ -197,7 +197,7 @@ def test_threads_auto_resumes_with_the_count_the_run_started_with(
     first run's 2, and ends with exactly the weights and losses of the uninterrupted run."""
     chosen = []
 
-    def auto(setting, since=None):
+    def auto(setting, since=None, team_when_full=False):
         chosen.append(chosen[-1] if chosen else 2)
         return tinylm.threads.ThreadChoice(chosen[-1], "auto: test")
 
@@ -222,6 +222,19 @@ def test_threads_auto_resumes_with_the_count_the_run_started_with(
     assert_same_run(run_dir, tmp_path / "full", metrics, full_metrics)
     start_up = next(r.message for r in caplog.records if r.message.startswith("Model:"))
     assert "float32 on cpu, 2 threads (resumed run's count)" in start_up
+
+
+def test_training_takes_a_team_of_threads_that_sleep_beside_work_that_fills_the_cores(
+        corpus, tmp_path, monkeypatch, caplog):
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)
+    monkeypatch.setattr(tinylm.threads, "busy_cpus", lambda cpus, since=None: (1.9, "test"))
+    monkeypatch.setenv("OMP_WAIT_POLICY", "passive")  # as tinylm-train sets it before torch
+    monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
+    with caplog.at_level("INFO", logger="tinylm.train"):
+        train(run_config(corpus, tmp_path / "run", "train.threads=auto", "train.max_steps=1"))
+    start_up = next(r.message for r in caplog.records if r.message.startswith("Model:"))
+    assert ("2 threads (auto: 2 usable cores, 1.9 busy with other work (test), every core "
+            "busy: a share of them, with threads that sleep while they wait)") in start_up
 
 
 def test_a_resume_with_another_explicit_thread_count_uses_it_and_says_so(

@@ -1,7 +1,8 @@
 """The benchmark sections that run whole programs: training beside other load, and the
 shakespeare_char run end to end as a user starts it.
 
-    tinylm-bench section=load        # a busy process beside training: threads=auto vs 2 threads
+    tinylm-bench section=load        # a busy process beside training: threads=auto vs 2 threads,
+                                     # each way of starting in a process of its own
     tinylm-bench section=endtoend    # tinylm-train experiment=shakespeare_char, with and without
                                      # the evaluation extras, in a subprocess
 
@@ -11,14 +12,16 @@ Both return a `Section` like the others in tinylm/bench.py.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import re
+import statistics
 import subprocess
 import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -31,7 +34,6 @@ from tinylm.generate import generate
 from tinylm.model import ModelConfig, TinyLM
 from tinylm.optim import OptimConfig
 from tinylm.runtime import resolve_precision
-from tinylm.threads import choose_threads
 
 if TYPE_CHECKING:  # the command's configs; importing them at run time would be circular
     from tinylm.cli.bench import EndToEndBenchConfig, LoadBenchConfig
@@ -44,15 +46,30 @@ COMPETITORS = {
         "print('ready', flush=True)\nwhile True:\n    a @ a\n"),
 }
 
+# How OpenMP's threads wait is read once, when torch loads, so each way of starting is a process
+# of its own: "plain" as PyTorch starts by itself (and as tinylm-generate does), "tinylm-train"
+# as the training command does, which may have the threads wait passively (tinylm/threads.py).
+# Importing tinylm.threads first takes the sample of the cores that the commands take.
+LOAD_WORKER = (
+    "import json, sys\nimport tinylm.threads\n"
+    "if sys.argv[1] == 'tinylm-train':\n    tinylm.threads.wait_passively_if_cores_full()\n"
+    "from tinylm.bench_runs import load_worker\n"
+    "print(json.dumps(load_worker(sys.argv[1], json.loads(sys.argv[2]))))\n")
 
-# ---------------------------------------------------------------------------------- load
+# set by the commands or a user's shell; each process here starts from torch's own defaults
+WAIT_SETTINGS = ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "OMP_NUM_THREADS")
+
+
+def default_environment(**extra: str) -> dict[str, str]:
+    """This process's environment without the settings of how OpenMP's threads wait."""
+    return {**{k: v for k, v in os.environ.items() if k not in WAIT_SETTINGS}, **extra}
 
 
 @contextlib.contextmanager
 def competitor(code: str) -> Iterator[subprocess.Popen]:
     """Run `code` in another Python process until the block ends (waits for a 'ready' line
     if the code prints one)."""
-    env = {**os.environ, "OMP_NUM_THREADS": "2"}  # the other job's own choice, not auto's
+    env = default_environment(OMP_NUM_THREADS="2")  # the other job's own choice, not auto's
     process = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE,
                                stderr=subprocess.DEVNULL, text=True, env=env)
     try:
@@ -64,18 +81,22 @@ def competitor(code: str) -> Iterator[subprocess.Popen]:
         process.wait()
 
 
-def bench_load(model_cfg: ModelConfig, optim: OptimConfig, cfg: LoadBenchConfig,
-               timing: Timing) -> Section:
-    """Default training steps and batch-1 decoding, quiet and beside each competitor, with
-    threads=auto against a fixed count; tokens/s under load as a share of quiet tokens/s."""
-    B, T = cfg.batch_size, model_cfg.block_size
-    model = TinyLM(model_cfg)
-    precision = "bf16" if resolve_precision("auto", torch.device("cpu")) == torch.bfloat16 \
-        else "fp32"
-    x = torch.randint(0, model_cfg.vocab_size, (B, T))
-    step = training_step(model, optim, x, x.roll(-1, 1), precision)
+def load_worker(start: str, spec: dict) -> dict:
+    """In a process started by LOAD_WORKER: time the candidates of one way of starting.
+
+    plain: training and decoding with spec["fixed_threads"], decoding with generate's `auto`;
+    tinylm-train: training with the training command's `auto`. Returns the seconds of every
+    timed call by candidate, and what auto chose."""
+    from tinylm.threads import apply_threads, start_sample
+
+    since = start_sample()
+    model_cfg, B = ModelConfig(**spec["model"]), spec["batch_size"]
+    x = torch.randint(0, model_cfg.vocab_size, (B, model_cfg.block_size))
+    step = training_step(TinyLM(model_cfg), OptimConfig(**spec["optim"]), x, x.roll(-1, 1),
+                         spec["precision"])
     prompt = torch.randint(0, model_cfg.vocab_size, (1, 8))
     decoder = TinyLM(replace(model_cfg, dropout=0.0)).eval()
+    fixed = spec["fixed_threads"]
 
     def with_threads(n: int, fn: Callable[[], object]) -> Callable[[], None]:
         def call():
@@ -84,12 +105,48 @@ def bench_load(model_cfg: ModelConfig, optim: OptimConfig, cfg: LoadBenchConfig,
         return call
 
     def train_calls():
-        for _ in range(cfg.steps_per_call):
+        for _ in range(spec["steps_per_call"]):
             step()
 
     def decode_call():
-        generate(decoder, prompt, cfg.decode_tokens, temperature=0.0)
+        generate(decoder, prompt, spec["decode_tokens"], temperature=0.0)
 
+    if start == "tinylm-train":
+        auto = apply_threads("auto", since, team_when_full=True)
+        candidates = {"train, auto": with_threads(auto.threads, train_calls)}
+    else:
+        auto = apply_threads("auto", since)
+        candidates = {f"train, {fixed} threads": with_threads(fixed, train_calls)}
+        if spec["decode_tokens"]:
+            candidates[f"decode, {fixed} threads"] = with_threads(fixed, decode_call)
+            candidates["decode, auto"] = with_threads(auto.threads, decode_call)
+    measured = Timing(spec["repeats"], spec["warmup"]).run(candidates)
+    return {"times_s": {name: row.times_s for name, row in measured.items()},
+            "auto": auto.describe()}
+
+
+def run_load_worker(start: str, spec: dict) -> dict:
+    """load_worker(start, spec) in a new Python process with torch's default environment."""
+    done = subprocess.run([sys.executable, "-c", LOAD_WORKER, start, json.dumps(spec)],
+                          capture_output=True, text=True, env=default_environment())
+    if done.returncode != 0:
+        raise RuntimeError(f"the {start} worker of the load section failed: "
+                           f"{(done.stderr.strip().splitlines() or ['?'])[-1]}")
+    return json.loads(done.stdout.splitlines()[-1])
+
+
+def bench_load(model_cfg: ModelConfig, optim: OptimConfig, cfg: LoadBenchConfig,
+               timing: Timing) -> Section:
+    """Default training steps and batch-1 decoding, quiet and beside each competitor, with
+    threads=auto against a fixed count; tokens/s under load as a share of quiet tokens/s."""
+    B, T = cfg.batch_size, model_cfg.block_size
+    optim = replace(optim, name=cfg.optim)
+    precision = "bf16" if resolve_precision("auto", torch.device("cpu")) == torch.bfloat16 \
+        else "fp32"
+    spec = {"model": asdict(model_cfg), "optim": asdict(optim), "precision": precision,
+            "batch_size": B, "steps_per_call": cfg.steps_per_call,
+            "decode_tokens": cfg.decode_tokens, "fixed_threads": cfg.fixed_threads,
+            "repeats": timing.repeats, "warmup": timing.warmup}
     rows, notes, ratios = [], [], []
     quiet: dict[str, float] = {}
     for condition in ("quiet", *COMPETITORS):
@@ -97,20 +154,15 @@ def bench_load(model_cfg: ModelConfig, optim: OptimConfig, cfg: LoadBenchConfig,
             if condition != "quiet":
                 stack.enter_context(competitor(COMPETITORS[condition]))
             time.sleep(cfg.settle_s)
-            auto = choose_threads("auto")
-            notes.append(f"{condition}: auto chose {auto.describe()}")
-            candidates = {}
-            for label, n in ((f"{cfg.fixed_threads} threads", cfg.fixed_threads),
-                             ("auto", auto.threads)):
-                candidates[f"train, {label}"] = with_threads(n, train_calls)
-                if cfg.decode_tokens:
-                    candidates[f"decode, {label}"] = with_threads(n, decode_call)
-            measured = timing.run(candidates)
-        for name, row in measured.items():
+            plain = run_load_worker("plain", spec)
+            trainer = run_load_worker("tinylm-train", spec)
+        notes.append(f"{condition}: auto chose {trainer['auto']} for training, "
+                     f"{plain['auto']} for decoding")
+        for name, times in {**plain["times_s"], **trainer["times_s"]}.items():
             kind, label = name.split(", ")
             tokens = B * T * cfg.steps_per_call if kind == "train" else cfg.decode_tokens
+            row = Row(f"{name} ({condition})", statistics.median(times), times)
             row.figures["tokens_per_s"] = tokens / row.median_s
-            row.name = f"{name} ({condition})"
             rows.append(row)
             if condition == "quiet":
                 quiet[name] = row.figures["tokens_per_s"]
@@ -126,6 +178,11 @@ def bench_load(model_cfg: ModelConfig, optim: OptimConfig, cfg: LoadBenchConfig,
               f"n_embd={model_cfg.n_embd}, dropout={model_cfg.dropout}, {precision}, "
               f"optim={optim.name}), {cfg.steps_per_call} steps per call; decode: greedy "
               f"batch 1, {cfg.decode_tokens} tokens with the KV cache",
+              "each condition: one process started as PyTorch starts by itself (the "
+              f"{cfg.fixed_threads}-thread rows, and decoding's auto, as tinylm-generate), one "
+              "started as tinylm-train (training's auto, which decides how OpenMP's threads "
+              "wait before torch loads); both without OMP_WAIT_POLICY, GOMP_SPINCOUNT and "
+              "OMP_NUM_THREADS from the environment",
               "competitors: " + "; ".join(f"{name}: python -c {code!r}"
                                           for name, code in COMPETITORS.items())]
     return Section("load", rows, ratios, notes)

@@ -7,6 +7,15 @@ about a third of its speed; with 1 thread it kept almost all. So `auto` counts t
 process may run on (its affinity) and how many of them other work keeps busy right now, and
 takes the idle ones (at least 1). Under torchrun the processes on one machine split the cores.
 
+When other work keeps every core busy, one thread gets only its slice of a shared core (a third
+of the machine beside a 2-thread job on 2 cores). A team of threads would get more, but torch's
+OpenMP threads spin while they wait for each other, each burning its slice while a teammate
+waits for one, and the team collapses (to 6-9% of its quiet speed). A team whose threads sleep
+while they wait (OMP_WAIT_POLICY=passive) kept 54-75% of it there on a Zen 3, one thread 39-46%
+(docs/benchmarks.md). OpenMP reads that setting once, when torch loads, so the training command
+decides it before torch is imported:
+
+    wait_passively_if_cores_full()           # before `import torch`; sets OMP_WAIT_POLICY
     choice = choose_threads("auto")          # ThreadChoice(threads=2, reason="auto: ...")
     apply_threads(cfg.threads)               # sets torch's intra-op threads; returns the choice
 """
@@ -15,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import sys
 import time
 from dataclasses import dataclass
 
@@ -79,10 +89,19 @@ def sample_cpus(cpus: list[int]) -> CpuSample | None:
     return CpuSample(time.monotonic(), busy / ticks, times.user + times.system)
 
 
-def busy_cpus(cpus: list[int], since: CpuSample | None = None) -> tuple[float, str] | None:
-    """How many of `cpus` other programs keep busy, and how that was found; None: unknown.
+@dataclass(frozen=True)
+class CpuUse:
+    """How many cores other programs and this process kept busy over some time."""
 
-    Linux: the busy time of those CPUs from /proc/stat minus this process's own, over the time
+    others: float
+    own: float  # 0 where unknown (the load average counts this process among the others)
+    how: str  # how it was found, in words
+
+
+def cpu_use(cpus: list[int], since: CpuSample | None = None) -> CpuUse | None:
+    """The use of `cpus`; None: unknown.
+
+    Linux: the busy time of those CPUs from /proc/stat, less this process's own, over the time
     since `since` (the caller's start-up) or a short wait. Elsewhere: the 1-minute load average.
     """
     start = since or sample_cpus(cpus)
@@ -90,12 +109,27 @@ def busy_cpus(cpus: list[int], since: CpuSample | None = None) -> tuple[float, s
         if time.monotonic() - start.wall < MEASURE_SECONDS:
             time.sleep(MEASURE_SECONDS - (time.monotonic() - start.wall))
         end = sample_cpus(cpus)
-        others = (end.busy - start.busy) - (end.own - start.own)
-        busy = max(0.0, others / (end.wall - start.wall))
-        return min(busy, float(len(cpus))), f"over {end.wall - start.wall:.1f} s"
+        wall = end.wall - start.wall
+        own = (end.own - start.own) / wall
+        others = (end.busy - start.busy) / wall - own
+        return CpuUse(max(0.0, others), own, f"over {wall:.1f} s")
     with contextlib.suppress(OSError, AttributeError):
-        return os.getloadavg()[0], "1-minute load average"
+        return CpuUse(os.getloadavg()[0], 0.0, "1-minute load average")
     return None
+
+
+def busy_cpus(cpus: list[int], since: CpuSample | None = None) -> tuple[float, str] | None:
+    """How many of `cpus` other programs keep busy, and how that was found; None: unknown."""
+    use = cpu_use(cpus, since)
+    if use is None:
+        return None
+    busy = use.others
+    # Where every core was taken, this process's one thread got a slice of a core, and so did
+    # each of the others' threads: without this process they would keep busy what they got
+    # divided by that slice. A 2-thread job got 1.3 cores beside our 0.7: it asks for ~2.
+    if 0 < use.own < 1 and free_cores(len(cpus), use.others + use.own) == 0:
+        busy = use.others / use.own
+    return min(busy, float(len(cpus))), use.how
 
 
 def local_world_size() -> int:
@@ -103,9 +137,47 @@ def local_world_size() -> int:
     return max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
 
 
-def choose_threads(setting: int | str, since: CpuSample | None = None) -> ThreadChoice:
+def free_cores(cpus: int, busy: float) -> int:
+    """How many of `cpus` cores are free when other work keeps `busy` of them busy."""
+    # half a core of other work or more counts as a core taken: a thread there would wait
+    return max(0, int(cpus - busy + 0.5))
+
+
+def waits_passively() -> bool:
+    """Whether torch's OpenMP threads sleep while they wait for each other, by the setting
+    OpenMP reads when torch loads (OMP_WAIT_POLICY), instead of spinning."""
+    return os.environ.get("OMP_WAIT_POLICY", "").strip().lower() == "passive"
+
+
+def wait_passively_if_cores_full(since: CpuSample | None = None) -> bool:
+    """Before torch is imported: when this process and other work keep every usable core busy,
+    set OMP_WAIT_POLICY=passive, so that a team of threads can share those cores without
+    collapsing. Left alone: a wait policy (or GOMP_SPINCOUNT) the environment already sets, a
+    free core, and a process that has imported torch already (too late). Returns
+    waits_passively().
+
+    How busy the others keep the cores is measured better later, over the whole start-up
+    (choose_threads); beside one busy process on 2 cores that gives 1 thread, and the setting
+    then changes nothing. On a quiet machine threads that sleep would cost a small model a fifth
+    to a third of its speed (each operation ends waking them), so quiet runs keep spinning."""
+    if "OMP_WAIT_POLICY" in os.environ or "GOMP_SPINCOUNT" in os.environ \
+            or "torch" in sys.modules:
+        return waits_passively()
+    cpus = usable_cpus()
+    use = cpu_use(cpus, since or start_sample())
+    if use is not None and free_cores(len(cpus), use.others + use.own) == 0:
+        os.environ["OMP_WAIT_POLICY"] = "passive"
+    return waits_passively()
+
+
+def choose_threads(setting: int | str, since: CpuSample | None = None,
+                   team_when_full: bool = False) -> ThreadChoice:
     """The thread count for `setting`: a number is taken as is; `auto` takes this process's
-    share of its usable cores, less those that other programs keep busy, and at least 1."""
+    share of its usable cores, less those that other programs keep busy, and at least 1.
+
+    team_when_full (training, whose operations are large enough to share out): when other work
+    keeps every core busy and the threads wait passively, the whole share, since the scheduler
+    then gives each thread its slice of the busy cores."""
     if setting != "auto":
         return ThreadChoice(int(setting), "set")
     cpus = usable_cpus()
@@ -119,19 +191,21 @@ def choose_threads(setting: int | str, since: CpuSample | None = None) -> Thread
         why.append("load unknown")
         return ThreadChoice(share, "auto: " + ", ".join(why))
     busy, how = load
-    idle = len(cpus) - busy
-    # half a core of other work or more counts as a core taken: a thread there would wait
-    threads = max(1, min(share, int(idle + 0.5)))
+    threads = max(1, min(share, free_cores(len(cpus), busy)))
     why.append(f"{busy:.1f} busy with other work ({how})" if busy >= 0.05 else "idle")
+    if team_when_full and share > 1 and free_cores(len(cpus), busy) == 0 and waits_passively():
+        threads = share
+        why.append("every core busy: a share of them, with threads that sleep while they wait")
     return ThreadChoice(threads, "auto: " + ", ".join(why))
 
 
-def apply_threads(setting: int | str, since: CpuSample | None = None) -> ThreadChoice:
-    """Choose the intra-op thread count for `setting` and give it to torch."""
+def apply_threads(setting: int | str, since: CpuSample | None = None,
+                  team_when_full: bool = False) -> ThreadChoice:
+    """Choose the intra-op thread count for `setting` (choose_threads) and give it to torch."""
     # the commands import this module before torch, to watch the cores while torch loads
     import torch
 
-    choice = choose_threads(setting, since)
+    choice = choose_threads(setting, since, team_when_full)
     torch.set_num_threads(choice.threads)
     return choice
 

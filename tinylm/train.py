@@ -150,7 +150,7 @@ class Trainer:
         self.tokens_per_step = (t.batch_size * model_cfg.block_size * t.grad_accum_steps
                                 * self.world_size)
 
-        self.threads = apply_threads(t.threads, cpu_sample)
+        self.threads = apply_threads(t.threads, cpu_sample, team_when_full=True)
         torch.manual_seed(t.seed)
         self.model = TinyLM(model_cfg).to(device)  # the plain module: saved, sampled, probed
         self.optimizer = configure_optimizer(self.model, cfg.optim)

@@ -34,7 +34,7 @@ from tinylm.cli.command_line import console_entry, without_hydra
 from tinylm.config import integer, one_of, to_dataclass
 from tinylm.data import DataConfig
 from tinylm.model import ModelConfig
-from tinylm.optim import OptimConfig
+from tinylm.optim import OPTIMIZERS, OptimConfig
 from tinylm.tables import columns
 from tinylm.tokenizer import TokenizerConfig
 
@@ -92,7 +92,11 @@ class LoadBenchConfig:
     steps_per_call: int = 3  # training steps per timed call
     decode_tokens: int = 16  # greedy batch-1 tokens per timed call; 0: no decoding rows
     fixed_threads: int = 2  # what torch takes by itself on 2 cores: the collapse to compare
-    settle_s: float = 0.5  # the load runs this long before auto chooses and timing starts
+    settle_s: float = 0.5  # the load runs this long before the measuring processes start
+    optim: str = "muon"  # the default run's optimizer (tinylm-train's conf/config.yaml)
+
+    def __post_init__(self):
+        one_of("load.optim", self.optim, OPTIMIZERS)
 
 
 @dataclass

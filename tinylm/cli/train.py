@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING
 
 from tinylm.cli import run_or_exit
 from tinylm.config import config_dir
+from tinylm.threads import wait_passively_if_cores_full
 
 if TYPE_CHECKING:
     from omegaconf import DictConfig
@@ -120,6 +121,8 @@ def main() -> None:
 
         from tinylm.cli.command_line import check_command_line_or_exit
 
+        # torch loads while the command line is checked: how OpenMP's threads wait is read then
+        wait_passively_if_cores_full()
         cfg = check_command_line_or_exit(PROG, "config", build_run_config)
         if cfg is not None and int(os.environ.get("WORLD_SIZE", "1")) > 1:
             _share_run_dir_across_ranks(cfg)
