@@ -10,10 +10,10 @@ takes the idle ones (at least 1). Under torchrun the processes on one machine sp
 When other work keeps every core busy, one thread gets only its slice of a shared core (a third
 of the machine beside a 2-thread job on 2 cores). A team of threads would get more, but torch's
 OpenMP threads spin while they wait for each other, each burning its slice while a teammate
-waits for one, and the team collapses (to 6-9% of its quiet speed). A team whose threads sleep
-while they wait (OMP_WAIT_POLICY=passive) kept 54-75% of it there on a Zen 3, one thread 39-46%
-(docs/benchmarks.md). OpenMP reads that setting once, when torch loads, so the training command
-decides it before torch is imported:
+waits for one, and the team collapses (to 6-30% of its quiet speed). A team whose threads
+sleep while they wait (OMP_WAIT_POLICY=passive) kept 52-75% of it there on a Zen 3, one thread
+39-46% (docs/benchmarks.md). OpenMP reads that setting once, when torch loads, so the training
+command decides it before torch is imported:
 
     wait_passively_if_cores_full()           # before `import torch`; sets OMP_WAIT_POLICY
     choice = choose_threads("auto")          # ThreadChoice(threads=2, reason="auto: ...")
