@@ -46,6 +46,9 @@ COMPETITORS = {
         "print('ready', flush=True)\nwhile True:\n    a @ a\n"),
 }
 
+
+# ---------------------------------------------------------------------------------- load
+
 # How OpenMP's threads wait is read once, when torch loads, so each way of starting is a process
 # of its own: "plain" as PyTorch starts by itself (and as tinylm-generate does), "tinylm-train"
 # as the training command does, which may have the threads wait passively (tinylm/threads.py).
@@ -56,12 +59,13 @@ LOAD_WORKER = (
     "from tinylm.bench_runs import load_worker\n"
     "print(json.dumps(load_worker(sys.argv[1], json.loads(sys.argv[2]))))\n")
 
-# set by the commands or a user's shell; each process here starts from torch's own defaults
+# set by the commands or a user's shell (how OpenMP's threads wait, how many there are);
+# each process here starts from torch's own defaults
 WAIT_SETTINGS = ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "OMP_NUM_THREADS")
 
 
 def default_environment(**extra: str) -> dict[str, str]:
-    """This process's environment without the settings of how OpenMP's threads wait."""
+    """This process's environment without the OpenMP settings of WAIT_SETTINGS, plus `extra`."""
     return {**{k: v for k, v in os.environ.items() if k not in WAIT_SETTINGS}, **extra}
 
 
