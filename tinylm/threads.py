@@ -97,6 +97,10 @@ class CpuUse:
     own: float  # 0 where unknown (the load average counts this process among the others)
     how: str  # how it was found, in words
 
+    def fills(self, cpus: int) -> bool:
+        """Whether this process and the others together left none of `cpus` cores free."""
+        return free_cores(cpus, self.others + self.own) == 0
+
 
 def cpu_use(cpus: list[int], since: CpuSample | None = None) -> CpuUse | None:
     """The use of `cpus`; None: unknown.
@@ -127,7 +131,7 @@ def busy_cpus(cpus: list[int], since: CpuSample | None = None) -> tuple[float, s
     # Where every core was taken, this process's one thread got a slice of a core, and so did
     # each of the others' threads: without this process they would keep busy what they got
     # divided by that slice. A 2-thread job got 1.3 cores beside our 0.7: it asks for ~2.
-    if 0 < use.own < 1 and free_cores(len(cpus), use.others + use.own) == 0:
+    if 0 < use.own < 1 and use.fills(len(cpus)):
         busy = use.others / use.own
     return min(busy, float(len(cpus))), use.how
 
@@ -165,7 +169,7 @@ def wait_passively_if_cores_full(since: CpuSample | None = None) -> bool:
         return waits_passively()
     cpus = usable_cpus()
     use = cpu_use(cpus, since or start_sample())
-    if use is not None and free_cores(len(cpus), use.others + use.own) == 0:
+    if use is not None and use.fills(len(cpus)):
         os.environ["OMP_WAIT_POLICY"] = "passive"
     return waits_passively()
 
@@ -191,9 +195,10 @@ def choose_threads(setting: int | str, since: CpuSample | None = None,
         why.append("load unknown")
         return ThreadChoice(share, "auto: " + ", ".join(why))
     busy, how = load
-    threads = max(1, min(share, free_cores(len(cpus), busy)))
+    free = free_cores(len(cpus), busy)
+    threads = max(1, min(share, free))
     why.append(f"{busy:.1f} busy with other work ({how})" if busy >= 0.05 else "idle")
-    if team_when_full and share > 1 and free_cores(len(cpus), busy) == 0 and waits_passively():
+    if team_when_full and share > 1 and free == 0 and waits_passively():
         threads = share
         why.append("every core busy: a share of them, with threads that sleep while they wait")
     return ThreadChoice(threads, "auto: " + ", ".join(why))
