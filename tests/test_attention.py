@@ -241,3 +241,26 @@ def test_bf16_fast_path_matches_the_explicit_path_under_autocast():
         explicit, _ = mha(x, need_weights=True)
     assert fast.dtype == explicit.dtype == torch.bfloat16
     assert (fast.float() - explicit.float()).abs().max() <= 1e-2
+
+
+def test_with_dropout_the_fast_path_drops_what_the_explicit_path_drops():
+    # the same seed draws the same mask for both paths, so training with dropout gives the same
+    # outputs and gradients whichever path runs
+    torch.manual_seed(5)
+    mha = MultiHeadAttention(32, 4, dropout=0.3, bias=True).train()
+    x = torch.randn(3, 10, 32)
+    results = []
+    for need_weights in (False, True):
+        mha.zero_grad()
+        x_path = x.clone().requires_grad_()
+        torch.manual_seed(6)
+        y, _ = mha(x_path, need_weights=need_weights)
+        y.square().sum().backward()
+        results.append((y, x_path.grad, [p.grad.clone() for p in mha.parameters()]))
+    (y_fast, gx_fast, grads_fast), (y_explicit, gx_explicit, grads_explicit) = results
+    assert (y_fast - y_explicit).abs().max() <= 1e-5
+    assert (gx_fast - gx_explicit).abs().max() <= 1e-5
+    for g_fast, g_explicit in zip(grads_fast, grads_explicit, strict=True):
+        assert (g_fast - g_explicit).abs().max() <= 1e-5
+    torch.manual_seed(6)
+    assert not torch.allclose(mha(x)[0], mha.eval()(x)[0])  # dropout did drop something

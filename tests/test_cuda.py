@@ -1,8 +1,9 @@
 """The CUDA paths the README claims, checked for device and dtype slips: train.device=auto and
 train.precision=auto choose CUDA and bf16 or fp16 there, the fused attention and the chunked loss
-agree with the explicit arithmetic in half precision, a short training run on the GPU gives a
-finite loss and a checkpoint that loads on the CPU, and greedy generation with the KV cache on
-the GPU gives the CPU's tokens. Every test here is marked `cuda`: skipped where torch sees no GPU.
+agree with the explicit arithmetic in half precision, dropout there is PyTorch's own, a short
+training run on the GPU gives a finite loss and a checkpoint that loads on the CPU, and greedy
+generation with the KV cache on the GPU gives the CPU's tokens. Every test here is marked `cuda`:
+skipped where torch sees no GPU.
 """
 
 import math
@@ -15,6 +16,7 @@ import tinylm.loss
 from tinylm.attention import MultiHeadAttention, attention_steps
 from tinylm.checkpoint import load_checkpoint
 from tinylm.device import resolve_device
+from tinylm.dropout import dropout
 from tinylm.generate import generate
 from tinylm.loss import lm_head_cross_entropy
 from tinylm.runtime import resolve_precision
@@ -87,6 +89,15 @@ def test_the_fast_path_matches_the_explicit_path_under_cuda_autocast(dtype):
         assert grad.dtype == torch.float32 and torch.isfinite(grad).all() and grad.abs().sum() > 0
     scale = x_explicit.grad.abs().max()
     assert (x_fast.grad - x_explicit.grad).abs().max() <= 10 * TOLERANCE[dtype] * scale
+
+
+def test_dropout_on_cuda_is_pytorchs_own():
+    # the cheaper mask is a CPU's: on the GPU, F.dropout draws it inside its kernel
+    x = torch.randn(4096, device=CUDA)
+    torch.manual_seed(7)
+    ours = dropout(x, 0.3)
+    torch.manual_seed(7)
+    assert torch.equal(ours, torch.nn.functional.dropout(x, 0.3))
 
 
 # ---- the chunked loss ---------------------------------------------------------------------------

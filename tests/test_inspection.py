@@ -2,6 +2,7 @@
 aggregation, pronouns, outputs."""
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -207,3 +208,24 @@ def test_inspection_writes_tensorboard_images_text_png_and_npz(model, bpe, tmp_p
         heads = she[position]["heads"]
         assert [(h["layer"], h["head"]) for h in heads] == [(0, 0), (0, 1), (1, 0), (1, 1)]
         assert all(0 <= w["weight"] <= 1 and w["word"] in text for h in heads for w in h["top"])
+    assert not list(tmp_path.rglob(".*.tmp-*"))  # every file renamed into place
+
+
+def test_an_inspection_that_fails_while_writing_keeps_the_last_good_files(model, bpe, tmp_path,
+                                                                          monkeypatch):
+    inspect_texts(model, bpe, ["Lily and Tom went to the park. She saw a big dog."], tmp_path)
+    before = {name: (tmp_path / name).read_bytes()
+              for name in ("attention.npz", "pronouns.md", "inspect.json")}
+
+    def dies_half_way(file, **arrays):  # numpy takes a path or an open file
+        with open(file, "wb") if isinstance(file, (str, Path)) else file as out:
+            out.write(b"PK\x03\x04 half an archive")
+        raise OSError("No space left on device")
+
+    monkeypatch.setattr(np, "savez_compressed", dies_half_way)
+    with pytest.raises(OSError, match="No space left"):
+        inspect_texts(model, bpe, ["Tom ran home. He was late."], tmp_path)
+    for name, content in before.items():
+        assert (tmp_path / name).read_bytes() == content, name
+    assert np.load(tmp_path / "attention.npz")["weights"].ndim == 4
+    assert not list(tmp_path.rglob(".*.tmp-*"))

@@ -1,10 +1,16 @@
-"""AttentionGridImages: the pixels of a fresh attention grid, drawing only what changes."""
+"""AttentionGridImages: the pixels of a fresh attention grid, drawing only what changes; figures
+saved whole, in the format the path names."""
 
 import numpy as np
 import pytest
 from helpers import causal_weights
 
-from tinylm.plots import AttentionGridImages, attention_grid_figure, figure_to_image
+from tinylm.plots import (
+    AttentionGridImages,
+    attention_grid_figure,
+    figure_to_image,
+    save_figure,
+)
 
 
 @pytest.mark.parametrize(("n_head", "t", "max_labels", "highlight"), [
@@ -32,3 +38,12 @@ def test_weights_of_another_shape_are_refused():
         grids(causal_weights(0, (4, 3, 3)))
     with pytest.raises(ValueError, match="T=3 tokens"):
         grids(causal_weights(0, (2, 4, 4)))
+
+
+def test_a_saved_figure_takes_the_format_its_suffix_names_and_leaves_no_temporary_file(tmp_path):
+    fig = attention_grid_figure(causal_weights(0, (2, 4, 4)), list("abcd"), "t", 8, ())
+    starts = {"a.png": b"\x89PNG", "b.svg": b"<?xml", "c": b"\x89PNG"}  # no suffix: PNG
+    for name, start in starts.items():
+        assert save_figure(fig, tmp_path / "figs" / name) == tmp_path / "figs" / name
+        assert (tmp_path / "figs" / name).read_bytes().startswith(start), name
+    assert sorted(p.name for p in (tmp_path / "figs").iterdir()) == sorted(starts)

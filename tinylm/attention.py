@@ -23,6 +23,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from tinylm.dropout import Dropout, dropout
+
 LOG2_E = math.log2(math.e)  # e^x = 2^(x·log₂e)
 
 
@@ -103,7 +105,7 @@ def attention_steps(
     exp_sum = exps.sum(dim=-1, keepdim=True)
     weights = exps / exp_sum.clamp_min(torch.finfo(exps.dtype).tiny)
 
-    mixing = F.dropout(weights, p=dropout_p) if dropout_p > 0 else weights
+    mixing = dropout(weights, dropout_p)
     output = mixing.to(v.dtype) @ v  # (..., T_q, d_v)
     return AttentionSteps(scores, scaled, masked, row_max, shifted, exps, exp_sum, weights, output)
 
@@ -136,8 +138,9 @@ def scaled_dot_product_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tens
 
 def softmax_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                       dropout_p: float = 0.0) -> torch.Tensor:
-    """Causal attention_steps(...).output keeping no step: the fast path for bf16 on a CPU,
-    where it beats PyTorch's fused kernel (docs/benchmarks.md).
+    """Causal attention_steps(...).output keeping no step: the fast path on a CPU for bf16,
+    where it beats PyTorch's fused kernel, and for dropout, which that kernel lacks
+    (docs/benchmarks.md).
 
     The same arithmetic in fewer passes: the mask is added as 0 / -inf (exp(-inf) = 0) in the
     same kernel that scales q·kᵀ, and PyTorch's softmax subtracts the row max just as
@@ -155,8 +158,7 @@ def softmax_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     scores = torch.baddbmm(hidden, q.reshape(-1, t_q, d), k.reshape(-1, t_k, d).transpose(1, 2),
                            alpha=1 / math.sqrt(d))
     weights = torch.softmax(scores, dim=-1)
-    if dropout_p > 0:
-        weights = F.dropout(weights, p=dropout_p)
+    weights = dropout(weights, dropout_p)
     return (weights @ v.reshape(-1, t_k, v.size(-1))).view(*batch, t_q, v.size(-1))
 
 
@@ -244,7 +246,8 @@ class MultiHeadAttention(nn.Module):
 
     forward(x, need_weights=True) takes the explicit path above and returns the per-head weights
     (B, n_head, T_q, T_k). Otherwise a fast path computes the same thing: PyTorch's fused kernel,
-    or softmax_attention for bf16 on a CPU; tests/test_attention.py checks that the paths agree.
+    or softmax_attention for bf16 or dropout on a CPU; tests/test_attention.py checks that the
+    paths agree.
     """
 
     def __init__(self, n_embd: int, n_head: int, dropout: float = 0.0, bias: bool = True):
@@ -256,7 +259,7 @@ class MultiHeadAttention(nn.Module):
         # one matmul for Q, K and V together; split afterwards
         self.qkv_proj = nn.Linear(n_embd, 3 * n_embd, bias=bias)
         self.out_proj = nn.Linear(n_embd, n_embd, bias=bias)
-        self.resid_dropout = nn.Dropout(dropout)
+        self.resid_dropout = Dropout(dropout)
 
     def project_heads(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """x (B, T, C) -> each head's q, k, v, (B, nh, T, hs) each."""
@@ -290,9 +293,11 @@ class MultiHeadAttention(nn.Module):
             y, weights = scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=dropout_p)
         else:
             weights = None
-            if q.device.type == "cpu" and q.dtype == torch.bfloat16:
+            if q.device.type == "cpu" and (q.dtype == torch.bfloat16 or dropout_p > 0):
                 # PyTorch's fused CPU kernel is ~2.5x slower in bf16 than in fp32 (torch 2.13,
-                # forward + backward), and plain bmm + softmax beats both (docs/benchmarks.md)
+                # forward + backward), and plain bmm + softmax beats both. It has no dropout:
+                # given one, PyTorch computes the weights itself and drops them with F.dropout,
+                # whose mask costs more than tinylm.dropout's (docs/benchmarks.md)
                 y = softmax_attention(q, k, v, dropout_p)
             else:
                 y = self._fused_attention(q, k, v, dropout_p)

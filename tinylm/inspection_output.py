@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 from torch.utils.tensorboard import SummaryWriter
 
+from tinylm.files import replaced_atomically, write_text_atomic
 from tinylm.inspection import (
     QUERY_POSITIONS,
     AttentionCapture,
@@ -196,16 +197,18 @@ def write_inspection(capture: AttentionCapture, logdir: str | Path, prompt_chars
     finally:
         writer.close()
 
-    np.savez_compressed(
-        logdir / "attention.npz", weights=capture.weights, ids=np.array(capture.ids),
-        tokens=np.array(capture.tokens), offsets=np.array(capture.offsets).reshape(-1, 2),
-        word_spans=np.array(capture.word_spans).reshape(-1, 2),
-        token_words=np.array(capture.token_words), text=np.array(capture.text),
-        start=np.array(capture.start), n_text_tokens=np.array(capture.n_text_tokens))
-    (logdir / "pronouns.md").write_text(
-        "\n\n".join([*summary, *(pronoun_table(capture, r) for r in readings)]) + "\n")
+    with replaced_atomically(logdir / "attention.npz") as tmp, open(tmp, "wb") as npz:
+        # a file object: given a path without ".npz", numpy would add the suffix to it
+        np.savez_compressed(
+            npz, weights=capture.weights, ids=np.array(capture.ids),
+            tokens=np.array(capture.tokens), offsets=np.array(capture.offsets).reshape(-1, 2),
+            word_spans=np.array(capture.word_spans).reshape(-1, 2),
+            token_words=np.array(capture.token_words), text=np.array(capture.text),
+            start=np.array(capture.start), n_text_tokens=np.array(capture.n_text_tokens))
+    write_text_atomic(logdir / "pronouns.md", "\n\n".join(
+        [*summary, *(pronoun_table(capture, r) for r in readings)]) + "\n")
     record = {**(meta or {}), "pronouns": pronoun_records(capture, readings)}
-    (logdir / "inspect.json").write_text(json.dumps(record, indent=2, default=str) + "\n")
+    write_text_atomic(logdir / "inspect.json", json.dumps(record, indent=2, default=str) + "\n")
     return notes + summary
 
 

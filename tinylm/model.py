@@ -20,6 +20,7 @@ from torch import nn
 
 from tinylm.attention import KVCache, MultiHeadAttention
 from tinylm.config import divisible, flag, integer, number
+from tinylm.dropout import Dropout
 from tinylm.loss import lm_head_cross_entropy
 
 
@@ -62,7 +63,7 @@ class MLP(nn.Module):
         super().__init__()
         self.fc = nn.Linear(config.n_embd, 4 * config.n_embd, bias=config.bias)
         self.proj = nn.Linear(4 * config.n_embd, config.n_embd, bias=config.bias)
-        self.dropout = nn.Dropout(config.dropout)
+        self.dropout = Dropout(config.dropout)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.dropout(self.proj(F.gelu(self.fc(x))))
@@ -95,7 +96,7 @@ class TinyLM(nn.Module):
         self.config = config
         self.wte = nn.Embedding(config.vocab_size, config.n_embd)  # token embeddings
         self.wpe = nn.Embedding(config.block_size, config.n_embd)  # position embeddings
-        self.drop = nn.Dropout(config.dropout)
+        self.drop = Dropout(config.dropout)
         self.blocks = nn.ModuleList([Block(config) for _ in range(config.n_layer)])
         self.ln_f = nn.LayerNorm(config.n_embd, bias=config.bias)
         self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)

@@ -28,6 +28,8 @@ from matplotlib.figure import Figure
 from matplotlib.image import imsave
 from matplotlib.text import Text
 
+from tinylm.files import replaced_atomically
+
 # masked cells (the hidden causal upper triangle) are drawn light grey, not as weight 0
 ATTENTION_CMAP = colormaps["viridis"].with_extremes(bad="#f2f2f2")
 
@@ -325,10 +327,11 @@ def figure_to_image(fig: Figure) -> np.ndarray:
 
 
 def save_figure(fig: Figure, path: str | Path, dpi: int = 100) -> Path:
-    """Write a figure as PNG (creating the parent directory) and return the path."""
+    """Write a figure to `path` (creating the parent directory) and return the path: PNG, or
+    the format its suffix names (.svg, .pdf)."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=dpi)
+    with replaced_atomically(path) as tmp:
+        fig.savefig(tmp, dpi=dpi, format=path.suffix[1:] or "png")
     return path
 
 
@@ -342,7 +345,6 @@ def log_figure(writer, tag: str, fig: Figure, step: int = 0,
     image = figure_to_image(fig)
     writer.add_image(tag, image, step, dataformats="HWC")
     if png_dir is not None:
-        path = Path(png_dir) / f"{tag}.png"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        imsave(path, image)
+        with replaced_atomically(Path(png_dir) / f"{tag}.png") as tmp:
+            imsave(tmp, image, format="png")
     return image

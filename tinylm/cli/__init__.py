@@ -12,12 +12,9 @@ from __future__ import annotations
 import atexit
 import ctypes
 import gc
-import json
-import os
 import signal
 import sys
 from collections.abc import Callable
-from pathlib import Path
 from typing import TypeVar
 
 import tinylm.threads  # noqa: F401  (threads=auto watches the cores' load from here on)
@@ -76,15 +73,3 @@ def run_or_exit(command: str, action: Callable[[], T], interrupted: str = "inter
     except KeyboardInterrupt as err:
         print(f"\n{command}: {interrupted}", file=sys.stderr)
         sys.exit(128 + getattr(err, "signum", signal.SIGINT))
-
-
-def write_json_atomic(path: Path, data: dict) -> None:
-    """Write a report as JSON to a temporary file, then rename it into place: never a
-    half-written report (tinylm-probe, tinylm-bench)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    try:
-        tmp.write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)

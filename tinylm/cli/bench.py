@@ -29,10 +29,10 @@ from tinylm.bench import (
 )
 from tinylm.bench_runs import bench_endtoend, bench_load
 from tinylm.bench_train import bench_train
-from tinylm.cli import write_json_atomic
 from tinylm.cli.command_line import console_entry, without_hydra
 from tinylm.config import integer, one_of, to_dataclass
 from tinylm.data import DataConfig
+from tinylm.files import write_json_atomic
 from tinylm.model import ModelConfig
 from tinylm.optim import OPTIMIZERS, OptimConfig
 from tinylm.tables import columns

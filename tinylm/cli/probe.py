@@ -22,10 +22,10 @@ import numpy as np
 
 from tinylm import deciding
 from tinylm.checkpoint import default_logdir, load_checkpoint
-from tinylm.cli import write_json_atomic
 from tinylm.cli.command_line import checked_config, console_entry
 from tinylm.config import flag, integer, one_of
 from tinylm.device import resolve_device
+from tinylm.files import write_json_atomic
 from tinylm.probe import ABLATION, probe
 from tinylm.probe_items import SHIPPED_PROBES, load_probe_file, shipped_probe
 from tinylm.tables import columns
