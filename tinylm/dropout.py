@@ -1,8 +1,8 @@
 """Dropout whose random mask costs a CPU a quarter of the random numbers.
 
 Training zeroes each element with probability p and scales the survivors by 1/(1 - p), so the
-expected output is the input. On a CPU, PyTorch draws F.dropout's mask with bernoulli_: one
-32-bit number per element from one Mersenne Twister, on one thread. In the default run's
+expected output is the input. On a CPU, PyTorch draws F.dropout's mask with bernoulli_: a
+random number per element from one Mersenne Twister, on one thread. In the default run's
 training step that was ~20% of the time (docs/benchmarks.md). Here each 64-bit draw from the
 same generator gives four 16-bit numbers, and an element survives when its number is among the
 lowest round((1 - p)·65536): four times fewer draws. The keep probability is then k/65536,
