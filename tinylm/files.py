@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -39,7 +39,9 @@ def write_text_atomic(path: str | Path, text: str) -> None:
         tmp.write_text(text, encoding="utf-8")
 
 
-def write_json_atomic(path: str | Path, data: dict) -> None:
+def write_json_atomic(path: str | Path, data: dict,
+                      default: Callable[[object], object] | None = None) -> None:
     """Write a report as indented JSON to `path` whole or not at all (tinylm-probe,
-    tinylm-bench)."""
-    write_text_atomic(path, json.dumps(data, indent=2) + "\n")
+    tinylm-bench, the inspection's inspect.json); `default` as in json.dumps, for values JSON
+    has no type for."""
+    write_text_atomic(path, json.dumps(data, indent=2, default=default) + "\n")

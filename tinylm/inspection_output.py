@@ -9,7 +9,6 @@ attention, this module lays it out as markdown tables, console lines, JSON recor
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -17,7 +16,7 @@ from pathlib import Path
 import numpy as np
 from torch.utils.tensorboard import SummaryWriter
 
-from tinylm.files import replaced_atomically, write_text_atomic
+from tinylm.files import replaced_atomically, write_json_atomic, write_text_atomic
 from tinylm.inspection import (
     QUERY_POSITIONS,
     AttentionCapture,
@@ -208,7 +207,7 @@ def write_inspection(capture: AttentionCapture, logdir: str | Path, prompt_chars
     write_text_atomic(logdir / "pronouns.md", "\n\n".join(
         [*summary, *(pronoun_table(capture, r) for r in readings)]) + "\n")
     record = {**(meta or {}), "pronouns": pronoun_records(capture, readings)}
-    write_text_atomic(logdir / "inspect.json", json.dumps(record, indent=2, default=str) + "\n")
+    write_json_atomic(logdir / "inspect.json", record, default=str)
     return notes + summary
 
 
