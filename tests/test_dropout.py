@@ -60,6 +60,22 @@ def test_the_gradient_is_the_same_mask_and_scale():
     assert torch.equal(x.grad.unique(), torch.tensor([0.0, LEVELS / round(0.75 * LEVELS)]))
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
+def test_every_dtype_gives_torch_wheres_values_and_gradient(dtype):
+    """fp32 and fp64 carry the scale in a float mask, bf16 (which would round it) does not:
+    either way the values are those of torch.where(kept, x, 0) * 65536/k, bit for bit."""
+    scale = LEVELS / round(0.8 * LEVELS)
+    torch.manual_seed(5)
+    kept = dropout(torch.ones(4096, dtype=dtype), 0.2) != 0  # the mask this seed draws
+    x = torch.randn(4096, dtype=dtype, requires_grad=True)
+    torch.manual_seed(5)
+    y = dropout(x, 0.2)
+    y.backward(torch.ones_like(y))
+    assert y.dtype == dtype and 0 < kept.sum() < kept.numel()
+    assert torch.equal(y, torch.where(kept, x, 0.0) * scale)
+    assert torch.equal(x.grad, torch.where(kept, torch.ones_like(x), 0.0) * scale)
+
+
 def test_eval_p_zero_and_the_ends_of_the_range():
     x = torch.randn(6)
     assert dropout(x, 0.5, training=False) is x and dropout(x, 0.0) is x

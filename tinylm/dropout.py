@@ -39,7 +39,12 @@ def dropout(x: torch.Tensor, p: float, training: bool = True) -> torch.Tensor:
     draws = torch.empty((n + 3) // 4, dtype=torch.int64, device=x.device).random_(-(1 << 63), None)
     lanes = draws.view(torch.int16)[:n].view(x.shape)  # uniform in [-32768, 32767]
     keep = lanes < kept_levels - LEVELS // 2  # the lowest kept_levels values
-    return torch.where(keep, x, 0.0) * (LEVELS / kept_levels)
+    scale = LEVELS / kept_levels
+    if x.dtype in (torch.float32, torch.float64):
+        # The scale rides in a float mask: the backward is then one multiply (grad * mask)
+        # instead of torch.where's and the scale's, and the values are the same bit for bit
+        return x * keep.to(x.dtype).mul_(scale)
+    return torch.where(keep, x, 0.0) * scale  # a bf16 mask would round the scale
 
 
 class Dropout(nn.Module):
