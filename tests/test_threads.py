@@ -109,6 +109,25 @@ def test_otherwise_auto_keeps_one_thread_beside_work_that_fills_the_cores(
     assert choice.threads == threads and "every core busy" not in choice.reason
 
 
+@pytest.mark.parametrize(("busy", "policy", "said"), [
+    (0.0, "passive", True),  # the cores looked full as torch loaded, and are free now
+    (0.0, "active", False),
+    (0.0, None, False),
+    (1.0, "passive", False),  # one thread: no team to wait for
+])
+def test_a_team_with_cores_free_says_when_its_threads_sleep_while_they_wait(
+        machine, monkeypatch, busy, policy, said):
+    machine(range(2), busy)
+    if policy is None:
+        monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
+    else:
+        monkeypatch.setenv("OMP_WAIT_POLICY", policy)
+    choice = choose_threads("auto", team_when_full=True)
+    assert choice.threads == (2 if busy == 0 else 1)
+    assert ("sleep while they wait: OMP_WAIT_POLICY=passive, slower with cores free; "
+            "OMP_WAIT_POLICY=active makes them spin" in choice.reason) is said
+
+
 def use_of_cores(monkeypatch, cpus, use):
     """The affinity and the CpuUse that busy_cpus and wait_passively_if_cores_full see."""
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(cpus), raising=False)

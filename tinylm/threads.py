@@ -201,6 +201,11 @@ def choose_threads(setting: int | str, since: CpuSample | None = None,
     if team_when_full and share > 1 and free == 0 and waits_passively():
         threads = share
         why.append("every core busy: a share of them, with threads that sleep while they wait")
+    elif threads > 1 and waits_passively():
+        # OpenMP took the policy when torch loaded, from the environment or from a shorter look
+        # at the cores (wait_passively_if_cores_full); with cores free it only slows the team
+        why.append("threads that sleep while they wait: OMP_WAIT_POLICY=passive, slower with "
+                   "cores free; OMP_WAIT_POLICY=active makes them spin")
     return ThreadChoice(threads, "auto: " + ", ".join(why))
 
 
