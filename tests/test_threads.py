@@ -92,6 +92,14 @@ def test_training_beside_work_that_fills_every_core_takes_a_team_that_sleeps_whi
                                   "while they wait")
 
 
+def set_wait_policy(monkeypatch, policy):
+    """OMP_WAIT_POLICY as the environment would give it; None: not set."""
+    if policy is None:
+        monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
+    else:
+        monkeypatch.setenv("OMP_WAIT_POLICY", policy)
+
+
 @pytest.mark.parametrize(("busy", "policy", "team_when_full", "threads"), [
     (1.8, "active", True, 1),  # spinning threads would collapse
     (1.8, None, True, 1),  # OpenMP's default spins
@@ -101,10 +109,7 @@ def test_training_beside_work_that_fills_every_core_takes_a_team_that_sleeps_whi
 def test_otherwise_auto_keeps_one_thread_beside_work_that_fills_the_cores(
         machine, monkeypatch, busy, policy, team_when_full, threads):
     machine(range(2), busy)
-    if policy is None:
-        monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
-    else:
-        monkeypatch.setenv("OMP_WAIT_POLICY", policy)
+    set_wait_policy(monkeypatch, policy)
     choice = choose_threads("auto", team_when_full=team_when_full)
     assert choice.threads == threads and "every core busy" not in choice.reason
 
@@ -118,10 +123,7 @@ def test_otherwise_auto_keeps_one_thread_beside_work_that_fills_the_cores(
 def test_a_team_with_cores_free_says_when_its_threads_sleep_while_they_wait(
         machine, monkeypatch, busy, policy, said):
     machine(range(2), busy)
-    if policy is None:
-        monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
-    else:
-        monkeypatch.setenv("OMP_WAIT_POLICY", policy)
+    set_wait_policy(monkeypatch, policy)
     choice = choose_threads("auto", team_when_full=True)
     assert choice.threads == (2 if busy == 0 else 1)
     assert ("sleep while they wait: OMP_WAIT_POLICY=passive, slower with cores free; "
