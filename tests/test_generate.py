@@ -154,6 +154,43 @@ def test_bf16_autocast_and_a_caller_switched_off_onednn_are_left_as_they_are(tin
         torch.backends.mkldnn.enabled = True
 
 
+def matrix_layouts_while_decoding(model, idx, on_token=None):
+    """The stride of every matrix of `model` at each new token of a greedy generate()."""
+    seen = []
+
+    def record(ids):
+        seen.append([p.stride() for p in model.parameters() if p.dim() == 2])
+        if on_token is not None:
+            on_token(ids)
+
+    generate(model, idx, 3, temperature=0.0, on_token=record)
+    return seen
+
+
+def test_float32_cpu_decoding_reads_the_matrices_by_column_and_puts_them_back(tiny_model):
+    model = tiny_model(60, seed=9)
+    idx = torch.randint(0, 60, (1, 4))
+    matrices = [p for p in model.parameters() if p.dim() == 2]  # the tied head counted once
+    before = [(p.stride(), p.data_ptr(), p.detach().clone()) for p in matrices]
+
+    def as_before():
+        return all(p.stride() == stride and p.data_ptr() == ptr and torch.equal(p, values)
+                   for p, (stride, ptr, values) in zip(matrices, before, strict=True))
+
+    by_column = [(1, p.size(0)) for p in matrices]  # (out, in) values, (in, out) in memory
+    assert matrix_layouts_while_decoding(model, idx) == [by_column] * 3
+    assert as_before()  # the same tensors again, which training and checkpoints use
+
+    def interrupt(ids):
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        matrix_layouts_while_decoding(model, idx, on_token=interrupt)
+    assert as_before()
+    bf16 = tiny_model(60, seed=9).to(torch.bfloat16)  # measured for float32 only: left alone
+    assert matrix_layouts_while_decoding(bf16, idx) == [[p.stride() for p in matrices]] * 3
+
+
 def test_long_prompt_keeps_its_last_block_size_tokens(bpe):
     text = "Lily and Tom went to the park. " * 10
     ids, dropped = encode_prompt(bpe, text, block_size=16)
