@@ -153,7 +153,9 @@ def test_busy_cpus_counts_what_the_others_would_use_without_this_process(
 def before_torch(monkeypatch):
     """As in a command before it imports torch: no wait setting, torch not in sys.modules."""
     for key in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT"):
-        monkeypatch.delenv(key, raising=False)
+        # set first, so that monkeypatch also takes away what the test's code sets there
+        monkeypatch.setenv(key, "")
+        monkeypatch.delenv(key)
     monkeypatch.delitem(sys.modules, "torch")
 
 
