@@ -106,16 +106,21 @@ def test_generation_stops_at_the_stop_token_and_pads_finished_rows(tiny_model):
     assert len(streamed) == out.size(1) - 4
 
 
-def onednn_states_while_decoding(model, idx, n=4, on_token=None):
-    """torch.backends.mkldnn.enabled as seen at each new token of a greedy generate()."""
+def seen_while_decoding(model, idx, look, n, on_token=None):
+    """look() at each new token of a greedy generate() of n tokens -> (the tokens, each look)."""
     seen = []
 
     def record(ids):
-        seen.append(torch.backends.mkldnn.enabled)
+        seen.append(look())
         if on_token is not None:
             on_token(ids)
 
     return generate(model, idx, n, temperature=0.0, on_token=record), seen
+
+
+def onednn_states_while_decoding(model, idx, n=4, on_token=None):
+    """torch.backends.mkldnn.enabled as seen at each new token of a greedy generate()."""
+    return seen_while_decoding(model, idx, lambda: torch.backends.mkldnn.enabled, n, on_token)
 
 
 def test_float32_cpu_decoding_runs_without_onednn_and_gives_the_forwards_tokens(tiny_model):
@@ -155,16 +160,10 @@ def test_bf16_autocast_and_a_caller_switched_off_onednn_are_left_as_they_are(tin
 
 
 def matrix_layouts_while_decoding(model, idx, on_token=None):
-    """The stride of every matrix of `model` at each new token of a greedy generate()."""
-    seen = []
-
-    def record(ids):
-        seen.append([p.stride() for p in model.parameters() if p.dim() == 2])
-        if on_token is not None:
-            on_token(ids)
-
-    generate(model, idx, 3, temperature=0.0, on_token=record)
-    return seen
+    """The stride of every matrix of `model` at each of 3 new tokens of a greedy generate()."""
+    def strides():
+        return [p.stride() for p in model.parameters() if p.dim() == 2]
+    return seen_while_decoding(model, idx, strides, 3, on_token)[1]
 
 
 def test_float32_cpu_decoding_reads_the_matrices_by_column_and_puts_them_back(tiny_model):
