@@ -4,14 +4,18 @@ gets its own copy, and a test that writes into a run directory copies it first
 (`trained_run_copy`). Also the `cuda` marker: such tests run only where CUDA is present."""
 
 import copy
+import errno
 import json
+import os
 import random
 import shutil
+import types
 
 import pytest
 import torch
 from helpers import TRAINED_RUN, run_config
 
+import tinylm.checkpoint
 from tinylm.config import project_root
 from tinylm.model import ModelConfig, TinyLM
 from tinylm.tokenizer import TokenizerConfig, train_tokenizer
@@ -51,6 +55,49 @@ def bpe():
              .splitlines()]
     return train_tokenizer(TokenizerConfig(name="bpe", vocab_size=BPE_VOCAB_SIZE),
                            texts + BPE_STORIES)
+
+
+class OsWithoutSymlinks(types.ModuleType):
+    """`os` as tinylm.checkpoint meets it where no symlink can be made. On Windows (os.name "nt")
+    os.symlink needs a privilege, a directory cannot be opened, and os.fsync fails on a file
+    opened only for reading; on a vfat disk under Linux os.symlink fails with EPERM."""
+
+    def __init__(self, windows: bool):
+        super().__init__("os")
+        self.name = "nt" if windows else os.name
+        self.windows = windows
+        self.read_only: set[int] = set()  # descriptors opened without write access
+
+    def __getattr__(self, attr):
+        return getattr(os, attr)
+
+    def symlink(self, target, link, *args, **kwargs):
+        if self.windows:
+            raise OSError(errno.EINVAL, "A required privilege is not held by the client")
+        raise OSError(errno.EPERM, "Operation not permitted", str(link))
+
+    def open(self, path, flags, *args, **kwargs):
+        if self.windows and os.path.isdir(path):
+            raise PermissionError(errno.EACCES, "Permission denied", str(path))
+        fd = os.open(path, flags, *args, **kwargs)
+        if flags & (os.O_WRONLY | os.O_RDWR):
+            self.read_only.discard(fd)
+        else:
+            self.read_only.add(fd)
+        return fd
+
+    def fsync(self, fd):
+        if self.windows and fd in self.read_only:
+            raise OSError(errno.EBADF, "Bad file descriptor")
+        os.fsync(fd)
+
+
+@pytest.fixture(params=["windows", "vfat"])
+def no_symlinks(request, monkeypatch):
+    """Checkpoints are written where symlinks cannot be made: on Windows, or on a Linux disk
+    that holds none. Yields the case's name."""
+    monkeypatch.setattr(tinylm.checkpoint, "os", OsWithoutSymlinks(request.param == "windows"))
+    return request.param
 
 
 class TinyModels:

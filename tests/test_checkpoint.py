@@ -1,5 +1,6 @@
 """Behaviour of tinylm.checkpoint: round trip, tags, atomic writes, clear errors on bad files."""
 
+import errno
 import json
 import os
 import subprocess
@@ -8,6 +9,7 @@ import sys
 import pytest
 import torch
 
+import tinylm.checkpoint
 from tinylm.checkpoint import (
     WEIGHTS_FILE,
     load_checkpoint,
@@ -61,6 +63,48 @@ def test_last_and_best_point_at_step_directories_and_old_ones_are_removed(tiny, 
     assert resolve_checkpoint_dir(tmp_path).name == "step-0000001"  # generation prefers best
     assert resolve_checkpoint_dir(tmp_path, prefer="last").name == "step-0000003"
     assert resolve_checkpoint_dir(checkpoints / "last").name == "step-0000003"
+
+
+def test_where_no_symlink_can_be_made_tags_are_files_naming_their_step(
+        tiny, tmp_path, no_symlinks):
+    model, tokenizer = tiny()
+    save_checkpoint(tmp_path, model, tokenizer, {}, step=1, tags=("last", "best"))
+    save_checkpoint(tmp_path, model, tokenizer, {}, step=2, tags=("last",))
+    save_checkpoint(tmp_path, model, tokenizer, {}, step=3, tags=("last",))
+    checkpoints = tmp_path / "checkpoints"
+    assert not any(p.is_symlink() for p in checkpoints.iterdir())
+    assert (checkpoints / "last").read_text(encoding="utf-8") == "step-0000003\n"
+    assert (checkpoints / "best").read_text(encoding="utf-8") == "step-0000001\n"
+    assert sorted(p.name for p in checkpoints.iterdir()) == [
+        "best", "last", "step-0000001", "step-0000003"]
+    assert resolve_checkpoint_dir(tmp_path).name == "step-0000001"
+    assert resolve_checkpoint_dir(tmp_path, prefer="last").name == "step-0000003"
+    assert resolve_checkpoint_dir(checkpoints / "last").name == "step-0000003"
+    assert load_checkpoint(checkpoints / "best").config == model.config
+
+
+def test_a_failure_other_than_a_disk_without_symlinks_is_not_hidden(tiny, tmp_path,
+                                                                      monkeypatch):
+    model, tokenizer = tiny()
+
+    def disk_full(target, link):
+        raise OSError(errno.ENOSPC, "No space left on device")
+    monkeypatch.setattr(tinylm.checkpoint.os, "symlink", disk_full)
+    with pytest.raises(OSError, match="No space left on device"):
+        save_checkpoint(tmp_path, model, tokenizer, {}, step=1)
+    assert not (tmp_path / "checkpoints" / "last").exists()
+
+
+@pytest.mark.parametrize("content", ["../../elsewhere\n", "step-0000001/../../elsewhere\n",
+                                     "/etc\n", ""])
+def test_a_tag_file_naming_anything_but_a_step_beside_it_names_nothing(tiny, tmp_path, content):
+    model, tokenizer = tiny()
+    save_checkpoint(tmp_path, model, tokenizer, {}, step=1, tags=("best",))
+    (tmp_path / "elsewhere").mkdir()
+    (tmp_path / "checkpoints" / "last").write_text(content, encoding="utf-8")
+    assert resolve_checkpoint_dir(tmp_path, prefer="last").name == "step-0000001"  # best's
+    with pytest.raises(FileNotFoundError, match="names no checkpoint directory beside it"):
+        resolve_checkpoint_dir(tmp_path / "checkpoints" / "last")
 
 
 def test_saving_the_same_step_twice_keeps_both_complete(tiny, tmp_path):

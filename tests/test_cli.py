@@ -1,12 +1,13 @@
 """Every tinylm-* command refuses a bad override in one line naming the key and what is allowed."""
 
 import gc
+import os
 import subprocess
 import sys
 
 import hydra._internal.utils
 import pytest
-from helpers import run_cli
+from helpers import run_cli, save_run
 
 import tinylm.cli.command_line
 from tinylm.cli.command_line import check_command_line, check_command_line_or_exit
@@ -195,3 +196,20 @@ def test_training_starts_with_the_collector_off_and_trains_with_it_on(monkeypatc
     assert seen["frozen"] > 0  # what start-up made is left out of the collections
     assert seen["frozen"] > 100_000  # start-up's objects (torch's among them) left out
     assert gc.isenabled()
+
+
+@pytest.mark.parametrize("module, args, shown", [
+    ("tinylm.cli.explain", [], "2. Scaled: S / ?d  (?2 = 1.4142)"),
+    ("tinylm.cli.generate", ["prompt='x → y'", "max_new_tokens=1", "temperature=0"], "x ? y"),
+])
+def test_output_redirected_in_a_code_page_without_a_character_shows_a_question_mark(
+        module, args, shown, model, bpe, tmp_path):
+    # Windows writes a pipe or a file in its ANSI code page, cp1252 say: no √, no →
+    run_dir = save_run(tmp_path / "run", model, bpe)
+    if module == "tinylm.cli.generate":
+        args = [f"checkpoint={run_dir}", *args]
+    done = subprocess.run([sys.executable, "-m", module, *args], cwd=tmp_path,
+                          env={**os.environ, "PYTHONIOENCODING": "cp1252"},
+                          capture_output=True, timeout=300)
+    assert done.returncode == 0, done.stderr.decode("cp1252", "replace")
+    assert shown in done.stdout.decode("cp1252")

@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -187,6 +188,27 @@ def test_resume_after_sigint_matches_the_uninterrupted_run_bit_for_bit(
 
     cfg.train.resume = True
     metrics = train(cfg)
+    full_dir, full_metrics = trained_run
+    assert_same_run(run_dir, full_dir, metrics, full_metrics)
+
+
+@pytest.mark.parametrize("no_symlinks", ["windows"], indirect=True)  # vfat: test_checkpoint
+def test_where_no_symlink_can_be_made_a_run_stops_and_resumes_through_its_tag_files(
+        corpus, trained_run, tmp_path, monkeypatch, no_symlinks):
+    run_dir = tmp_path / "run"
+    cfg = run_config(corpus, run_dir, *TRAINED_RUN)
+    uninterrupt = ctrl_c_during_step(monkeypatch, 13)
+    with pytest.raises(TrainingInterrupted) as stopped:
+        train(cfg)
+    assert stopped.value.checkpoint.name == "step-0000013"  # read through the `last` tag file
+    uninterrupt()
+
+    cfg.train.resume = True
+    metrics = train(cfg)
+    checkpoints = run_dir / "checkpoints"
+    assert not any(p.is_symlink() for p in checkpoints.iterdir())
+    assert (checkpoints / "last").read_text(encoding="utf-8") == "step-0000030\n"
+    assert Path(metrics["checkpoint"]).name == "step-0000030"
     full_dir, full_metrics = trained_run
     assert_same_run(run_dir, full_dir, metrics, full_metrics)
 

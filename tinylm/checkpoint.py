@@ -10,11 +10,13 @@ Layout inside a run directory:
         config.yaml            the resolved run config
         tokenizer.json         the tokenizer the model was trained with
         trainer_state.pt       optimizer, schedule, step, RNG, sampler state, thread count
-      last -> step-0000500     symlinks, switched atomically
+      last -> step-0000500     symlinks, switched atomically (tag files where there are none)
       best -> step-0000250
 
 A checkpoint is first written to a hidden temporary directory, flushed to disk and renamed into
-place; only then is `last` (or `best`) re-pointed, with an atomic rename of a fresh symlink.
+place; only then is `last` (or `best`) re-pointed, with an atomic rename of a fresh symlink. On
+Windows, and on disks that hold no symlinks (FAT, exFAT), a tag is instead a one-line file naming
+its step directory, replaced the same way.
 Killed at any moment, the run directory still holds the previous complete checkpoint. Weights
 that are not finite are never written, and a write that fails (a full disk) leaves nothing
 behind. One process writes a run directory at a time: `run_dir_lock`.
@@ -56,6 +58,9 @@ LOCK_PID_FILE = ".lock.pid"  # beside it (the lock file itself is truncated by e
 TAGS = ("last", "best")
 _STEP_DIR = re.compile(r"^step-\d+(-\d+)?$")
 _TMP_PREFIX = ".tmp-"
+# What os.symlink raises on a disk that holds no symlinks (vfat on Linux: EPERM; exFAT on macOS:
+# ENOTSUP); anything else, a full disk say, is a failure to report.
+_NO_SYMLINKS = {errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.ENOSYS}
 
 log = logging.getLogger(__name__)
 
@@ -85,7 +90,12 @@ class Checkpoint:
 
 
 def _fsync(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
+    """Flush a file, or a directory's entries, to the disk."""
+    windows = os.name == "nt"
+    if windows and path.is_dir():
+        return  # Windows cannot open a directory as a file; NTFS journals the renames in it
+    # Windows flushes only a file opened for writing
+    fd = os.open(path, (os.O_RDWR | getattr(os, "O_BINARY", 0)) if windows else os.O_RDONLY)
     try:
         os.fsync(fd)
     finally:
@@ -93,17 +103,58 @@ def _fsync(path: Path) -> None:
 
 
 def _point(checkpoints: Path, tag: str, target: str) -> None:
-    """Atomically make checkpoints/<tag> a relative symlink to checkpoints/<target>."""
+    """Atomically make checkpoints/<tag> name checkpoints/<target>: a relative symlink, or a tag
+    file holding the name where the system or the disk makes no symlinks."""
     tmp = checkpoints / f"{_TMP_PREFIX}{tag}-{os.getpid()}"  # this process's own name
     if tmp.is_symlink() or tmp.exists():
         tmp.unlink()
-    os.symlink(target, tmp)
+    if not _symlinked(target, tmp):
+        tmp.write_text(f"{target}\n", encoding="utf-8")
+        _fsync(tmp)
     os.replace(tmp, checkpoints / tag)
+
+
+def _symlinked(target: str, link: Path) -> bool:
+    """Make `link` a symlink to `target`; False where symlinks cannot be made here."""
+    if os.name == "nt":
+        # symlinks need a privilege most users lack, and os.replace cannot move a directory's
+        # link onto another: Windows always gets tag files
+        return False
+    try:
+        os.symlink(target, link)
+    except OSError as err:
+        if err.errno not in _NO_SYMLINKS:
+            raise
+        return False
+    return True
+
+
+def tagged(checkpoints: Path, tag: str) -> Path | None:
+    """The step directory that checkpoints/<tag> names, which may be missing; None: no such tag.
+
+    A tag is a symlink, a tag file (one line, a step directory's name), or a checkpoint copied in
+    its place (`cp -r` follows links). A tag file naming anything but a step directory beside it
+    names nothing: a hand-edited `../elsewhere` is not followed.
+    """
+    path = checkpoints / tag
+    if path.is_symlink() or path.is_dir():
+        return path.resolve()
+    if not path.is_file():
+        return None
+    with open(path, encoding="utf-8", errors="replace") as f:
+        name = f.read(64).strip()
+    return (checkpoints / name).resolve() if _STEP_DIR.match(name) else None
+
+
+def tagged_checkpoint(checkpoints: Path, tag: str) -> Path | None:
+    """The step directory that checkpoints/<tag> names, where it exists."""
+    named = tagged(checkpoints, tag)
+    return named if named is not None and named.is_dir() else None
 
 
 def _remove_unreferenced(checkpoints: Path) -> None:
     """Delete step directories no tag points at (this process's temporary ones are gone)."""
-    keep = {os.readlink(checkpoints / tag) for tag in TAGS if (checkpoints / tag).is_symlink()}
+    keep = {named.name for named in (tagged(checkpoints, tag) for tag in TAGS) if named}
     for entry in checkpoints.iterdir():
         if entry.is_dir() and not entry.is_symlink() and _STEP_DIR.match(entry.name) \
                 and entry.name not in keep:
@@ -228,15 +279,17 @@ def save_checkpoint(
 
 
 def _warn_dangling(base: Path, chosen: str) -> None:
-    """Say so when a tag was passed over because its link points at nothing."""
+    """Say so when a tag was passed over because the step it names is missing."""
     for tag in TAGS:
-        if tag != chosen and (base / tag).is_symlink() and not (base / tag).exists():
-            log.warning(f"{base / tag} points at {os.readlink(base / tag)}, which is missing; "
-                        f"using {chosen} ({(base / chosen).resolve().name}) instead")
+        named = tagged(base, tag)
+        if tag != chosen and named is not None and not named.is_dir():
+            log.warning(f"{base / tag} points at {named.name}, which is missing; "
+                        f"using {chosen} ({tagged(base, chosen).name}) instead")
 
 
 def resolve_checkpoint_dir(path: str | Path, prefer: str = "best") -> Path:
-    """The checkpoint directory meant by `path`: a run dir, its checkpoints/, or one checkpoint.
+    """The checkpoint directory meant by `path`: a run dir, its checkpoints/, one checkpoint, or
+    a tag (`checkpoints/best`, a link or a tag file).
 
     Within a run, `prefer` ("best" or "last") is taken when it exists, else the other tag.
     """
@@ -246,12 +299,19 @@ def resolve_checkpoint_dir(path: str | Path, prefer: str = "best") -> Path:
     if (path / WEIGHTS_FILE).exists() or (path / MODEL_CONFIG_FILE).exists():
         # through a `last`/`best` link, read the step directory itself: the link may move on
         return path.resolve()
+    if path.is_file() and path.name in TAGS:
+        named = tagged(path.parent, path.name)
+        if named is None or not named.is_dir():
+            raise FileNotFoundError(f"{path} names no checkpoint directory beside it"
+                                    + (f" ({named.name} is missing)" if named else ""))
+        return named
     order = [prefer] + [t for t in TAGS if t != prefer]
     for base in (path, path / CHECKPOINTS_DIR):
         for tag in order:
-            if (base / tag).is_dir():
+            found = tagged_checkpoint(base, tag)
+            if found is not None:
                 _warn_dangling(base, tag)
-                return (base / tag).resolve()
+                return found
     raise FileNotFoundError(
         f"no checkpoint found in {path}: expected {path / WEIGHTS_FILE}, or "
         f"{path / CHECKPOINTS_DIR}/best or {path / CHECKPOINTS_DIR}/last")

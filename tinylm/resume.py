@@ -31,6 +31,7 @@ from tinylm.checkpoint import (
     Checkpoint,
     load_checkpoint,
     resolve_checkpoint_dir,
+    tagged_checkpoint,
 )
 from tinylm.config import ConfigError
 from tinylm.data import BatchSampler
@@ -43,7 +44,7 @@ TRAINER_STATE_KEYS = ("step", "best_val_loss", "tokens_seen", "world_size", "opt
 def checkpoint_to_resume(run_dir: Path, resume: bool | str) -> Path | None:
     """Which checkpoint train.resume means; refuses to start a fresh run over an old one."""
     checkpoints = run_dir / CHECKPOINTS_DIR
-    has_checkpoints = any((checkpoints / tag).exists() for tag in TAGS)
+    has_checkpoints = any(tagged_checkpoint(checkpoints, tag) for tag in TAGS)
     if resume is False:
         if has_checkpoints:
             raise ConfigError(f"{run_dir} already holds checkpoints ({checkpoints}); continue "

@@ -47,6 +47,7 @@ from tinylm.checkpoint import (
     resolve_checkpoint_dir,
     run_dir_lock,
     save_checkpoint,
+    tagged_checkpoint,
 )
 from tinylm.config import ConfigError, bad
 from tinylm.data import BatchSampler, check_enough_tokens, prepare_data
@@ -235,8 +236,7 @@ class Trainer:
         return f"the last good checkpoint is {kept}" if kept else "no checkpoint was saved yet"
 
     def last_checkpoint(self) -> Path | None:
-        last = self.run_dir / CHECKPOINTS_DIR / "last"
-        return last.resolve() if self.is_main and last.exists() else None
+        return tagged_checkpoint(self.run_dir / CHECKPOINTS_DIR, "last") if self.is_main else None
 
     # ------------------------------------------------------------------------------ steps
 

@@ -59,6 +59,17 @@ def keep_freed_memory() -> None:
 keep_freed_memory()
 
 
+def print_what_stdout_can() -> None:
+    """Print "?" for a character stdout's encoding has no code for, instead of stopping there.
+
+    Windows encodes redirected output (`tinylm-generate ... > out.txt`, a pipe) in its ANSI code
+    page, cp1252 say, which has no √ or · for tinylm-explain, nor the U+FFFD that a barely
+    trained model's broken characters decode to.
+    """
+    if hasattr(sys.stdout, "reconfigure"):  # not where a caller put another stream in its place
+        sys.stdout.reconfigure(errors="replace")
+
+
 def run_or_exit(command: str, action: Callable[[], T], interrupted: str = "interrupted",
                 errors: tuple[type[Exception], ...] = (ValueError, FileNotFoundError)) -> T:
     """Run `action`; a bad input exits with one line `<command>: error: ...`, not a traceback.

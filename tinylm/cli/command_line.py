@@ -28,7 +28,7 @@ from hydra.errors import HydraException, MissingConfigException
 from omegaconf import BooleanNode, DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException, ValidationError
 
-from tinylm.cli import run_or_exit
+from tinylm.cli import print_what_stdout_can, run_or_exit
 from tinylm.config import ConfigError, config_dir, register_schemas, to_dataclass
 
 T = TypeVar("T")
@@ -62,6 +62,7 @@ def console_entry(command: str, config_name: str, build: Callable[[DictConfig], 
         run_or_exit(command, lambda: action(build(cfg)), errors=errors)
 
     def main() -> None:
+        print_what_stdout_can()
         check_command_line_or_exit(command, config_name, build)
         run_or_exit(command, compose_and_run, errors=())  # a Ctrl-C while starting: 130
     return main

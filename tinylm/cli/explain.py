@@ -235,8 +235,6 @@ def explain(cfg: ExplainConfig) -> str:
 def print_explanation(cfg: ExplainConfig) -> None:
     """The walkthrough on stdout."""
     text = explain(cfg)
-    # a console that cannot show √ or · gets "?" instead of a crash
-    sys.stdout.reconfigure(errors="replace")
     try:
         print(text, flush=True)
     except BrokenPipeError:  # `tinylm-explain | head` stopped reading: fine, not an error

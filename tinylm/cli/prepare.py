@@ -13,7 +13,7 @@ from __future__ import annotations
 import hydra
 from omegaconf import DictConfig
 
-from tinylm.cli import run_or_exit
+from tinylm.cli import print_what_stdout_can, run_or_exit
 from tinylm.cli.command_line import check_command_line_or_exit
 from tinylm.config import config_dir, to_dataclass
 
@@ -35,6 +35,7 @@ def _prepare(cfg: DictConfig) -> None:
 
 def main() -> None:
     """Console entry: compose conf/prepare.yaml with the command line and prepare the data."""
+    print_what_stdout_can()
     check_command_line_or_exit("tinylm-prepare", "prepare")
     run_or_exit("tinylm-prepare", _prepare, errors=())  # a Ctrl-C while starting: 130
 

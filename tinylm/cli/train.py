@@ -20,9 +20,10 @@ import gc
 import os
 import signal
 import sys
+from pathlib import Path
 from typing import TYPE_CHECKING
 
-from tinylm.cli import run_or_exit
+from tinylm.cli import print_what_stdout_can, run_or_exit
 from tinylm.config import config_dir
 from tinylm.threads import wait_passively_if_cores_full
 
@@ -86,7 +87,8 @@ def _train(cfg: DictConfig) -> float | None:
 def _print_next_steps(metrics: dict, run_cfg) -> None:
     """Where the checkpoints and logs are, and the commands to look at them."""
     run_dir = metrics["run_dir"]
-    if not os.path.relpath(run_dir).startswith(".."):  # inside the current directory
+    # inside the current directory (os.path.relpath raises across two Windows drives)
+    if Path(os.path.abspath(run_dir)).is_relative_to(Path.cwd()):
         run_dir = os.path.relpath(run_dir)
     val = metrics["val_loss"]
     speed = f" ({metrics['tokens_per_sec']:,.0f} tokens/s)" if metrics["tokens_per_sec"] else ""
@@ -116,6 +118,7 @@ def main() -> None:
     # while the command starts (0.3 s less to the first step) and comes back on in _train,
     # with what start-up built frozen, left out of its walks from then on.
     gc.disable()
+    print_what_stdout_can()
     try:
         import hydra  # lazy
 
