@@ -433,6 +433,24 @@ def test_command_line_trains_prints_next_steps_and_refuses_bad_input_in_one_line
         "model.n_head=4"]
 
 
+def test_compile_without_a_cpp_compiler_stops_in_one_line_that_says_what_to_do(corpus, tmp_path):
+    # Windows without Visual Studio's build tools, a Mac without Xcode's: inductor finds no
+    # compiler for its CPU kernels at the first step
+    args = [*TINY, f"data.files=[{corpus / 'stories.txt'}]", f"data.cache_dir={corpus / 'cache'}"]
+    done = subprocess.run([sys.executable, "-m", "tinylm.cli.train", *args, "train.compile=true",
+                           "train.max_steps=2", "hydra.run.dir=run"], cwd=tmp_path,
+                          env={**os.environ, "CXX": str(tmp_path / "no-such-g++")},
+                          capture_output=True, text=True, timeout=240)
+    assert done.returncode == 1
+    assert done.stderr.strip().splitlines()[-1] == (
+        "tinylm-train: error: train.compile=true: torch.compile builds CPU kernels with a C++ "
+        "compiler and found none (No working C++ compiler found in "
+        f"torch._inductor.config.cpp.cxx: (None, '{tmp_path / 'no-such-g++'}')); install one "
+        "(g++ or clang++; on Windows, Visual Studio's Build Tools) or name it in the CXX "
+        "environment variable, or train with train.compile=false")
+    assert not (tmp_path / "run" / "checkpoints").exists()
+
+
 @pytest.mark.slow
 def test_sweep_writes_one_run_dir_per_job(corpus, tmp_path):
     args = [*TINY, f"data.files=[{corpus / 'stories.txt'}]", f"data.cache_dir={corpus / 'cache'}"]

@@ -1,5 +1,6 @@
 """Where and how a training process runs: the process group under torchrun, the autocast
-precision, this machine's matmul rate (for MFU), and Ctrl-C / SIGTERM turned into a clean stop.
+precision, this machine's matmul rate (for MFU), Ctrl-C / SIGTERM turned into a clean stop, and
+a torch.compile without a C++ compiler said in one line.
 
     rank, local_rank, world_size = init_distributed()   # (0, 0, 1) without torchrun
     dtype = resolve_precision("auto", device)           # bf16, fp16 or fp32
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 import signal
 import threading
 import time
@@ -35,6 +37,24 @@ class TrainingInterrupted(Exception):
         name = signal.Signals(signum).name
         where = f"saved {checkpoint}" if checkpoint else "nothing to save yet"
         super().__init__(f"{name} at step {step}: {where}")
+
+
+class CompilerMissing(ValueError):
+    """train.compile=true, and torch.compile found no C++ compiler to build its CPU kernels."""
+
+
+def compiler_missing(err: BaseException) -> CompilerMissing | None:
+    """The one-line error for a torch.compile that failed for want of a C++ compiler (a laptop
+    without build tools: Windows without Visual Studio's, a Mac without Xcode's); None for any
+    other failure. Inductor says so only in its message (InvalidCxxCompiler)."""
+    found = re.search(r"No working C\+\+ compiler[^\n]*", str(err))
+    if found is None:
+        return None
+    return CompilerMissing(
+        f"train.compile=true: torch.compile builds CPU kernels with a C++ compiler and found "
+        f"none ({found.group(0)}); install one (g++ or clang++; on Windows, Visual Studio's "
+        "Build Tools) or name it in the CXX environment variable, or train with "
+        "train.compile=false")
 
 
 class StoppedAgain(KeyboardInterrupt):

@@ -59,6 +59,7 @@ from tinylm.runtime import (
     StopSignals,
     TrainingInterrupted,
     all_reduce,
+    compiler_missing,
     gather,
     init_distributed,
     matmul_peak_flops,
@@ -253,10 +254,16 @@ class Trainer:
             last_micro = micro == t.grad_accum_steps - 1
             sync = contextlib.nullcontext() if self.world_size == 1 or last_micro \
                 else self.forward.no_sync()
-            with sync:
-                with self.autocast:
-                    loss = self.forward(x, y, need_logits=False).loss / t.grad_accum_steps
-                self.scaler.scale(loss).backward()
+            try:
+                with sync:
+                    with self.autocast:
+                        loss = self.forward(x, y, need_logits=False).loss / t.grad_accum_steps
+                    self.scaler.scale(loss).backward()
+            except Exception as err:  # torch.compile builds its kernels in the first step
+                missing = compiler_missing(err) if t.compile else None
+                if missing is None:
+                    raise
+                raise missing from None
             loss_sum += loss.detach()
         self.scaler.unscale_(self.optimizer)  # clip the true gradients, not the scaled ones
         grad_norm = nn.utils.clip_grad_norm_(self.model.parameters(),
