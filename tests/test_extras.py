@@ -5,6 +5,7 @@ import subprocess
 import sys
 import threading
 import time
+from concurrent.futures.process import BrokenProcessPool
 
 import numpy as np
 import pytest
@@ -12,7 +13,13 @@ from helpers import causal_weights
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from torch.utils.tensorboard import SummaryWriter
 
-from tinylm.extras import Extras, attention_grid_summaries, image_summary
+import tinylm.plots
+from tinylm.extras import (
+    Extras,
+    attention_grid_summaries,
+    image_summary,
+    lay_out_attention_grid,
+)
 from tinylm.plots import attention_grid_figure, figure_to_image
 
 TOKENS = ["Lily", " went", " home", ".", " She"]
@@ -49,6 +56,40 @@ def test_the_helper_process_writes_what_add_image_writes(tmp_path):
         assert [e.step for e in helper[tag]] == [10, 20]
         assert [e.encoded_image_string for e in helper[tag]] == [
             e.encoded_image_string for e in inline[tag]]
+
+
+@pytest.mark.slow
+def test_a_helper_started_early_lays_the_grid_out_and_draws_what_a_fresh_figure_draws(tmp_path):
+    extras = Extras("process")
+    extras.start(lay_out_attention_grid, TOKENS, 2)
+    with SummaryWriter(tmp_path / "helper") as writer:
+        extras.submit(10, attention_grid_summaries, weights(0), TOKENS)
+        assert extras.close(writer, wait=True) == 0
+    with SummaryWriter(tmp_path / "inline") as writer:
+        for layer, w in enumerate(weights(0)):
+            writer.add_image(f"attention/layer_{layer:02d}", figure_to_image(
+                attention_grid_figure(w, TOKENS, f"layer {layer}, step 10")), 10,
+                dataformats="HWC")
+    helper, inline = images(tmp_path / "helper"), images(tmp_path / "inline")
+    assert sorted(helper) == ["attention/layer_00", "attention/layer_01"]
+    for tag in helper:
+        assert [e.encoded_image_string for e in helper[tag]] == [
+            e.encoded_image_string for e in inline[tag]]
+
+
+def test_the_warm_up_is_the_first_draws_layout(monkeypatch):
+    laid_out = []
+    lay_out = tinylm.plots.AttentionGridImages._lay_out
+    monkeypatch.setattr(tinylm.plots.AttentionGridImages, "_lay_out",
+                        lambda self, *args: (laid_out.append(tuple(self.tokens)),
+                                             lay_out(self, *args)))
+    tokens = ["Tom", " saw", " it", "."]  # a token list no other test lays out in this process
+    extras = Extras("thread")
+    extras.start(lay_out_attention_grid, tokens, 3)
+    extras.close(None, wait=True)
+    assert laid_out == [tuple(tokens)]
+    attention_grid_summaries(causal_weights(1, (2, 3, 4, 4)), tokens, 7)
+    assert laid_out == [tuple(tokens)]  # the evaluation's draw reuses the layout
 
 
 def _helper_that_dies():
@@ -93,6 +134,20 @@ def test_figures_are_still_drawn_when_the_helper_process_cannot_run(tmp_path, mo
         extras.submit(6, attention_grid_summaries, weights(1), TOKENS)
         extras.close(writer, wait=True)
     assert [e.step for e in images(tmp_path)["attention/layer_01"]] == [5, 6]
+    assert sum("drawing them in the training process" in r.message
+               for r in caplog.records) == 1
+
+
+def test_figures_are_drawn_here_when_the_helper_stopped_before_the_first_one(tmp_path, monkeypatch,
+                                                                            caplog):
+    monkeypatch.setattr("tinylm.extras._start_helper", _helper_that_dies)
+    extras = Extras("process")
+    with pytest.raises(BrokenProcessPool):
+        extras.start().result(timeout=60)
+    with SummaryWriter(tmp_path) as writer:
+        extras.submit(5, attention_grid_summaries, weights(0), TOKENS)
+        extras.close(writer, wait=True)
+    assert [e.step for e in images(tmp_path)["attention/layer_01"]] == [5]
     assert sum("drawing them in the training process" in r.message
                for r in caplog.records) == 1
 

@@ -19,8 +19,10 @@ from helpers import TINY, TRAINED_RUN, compose, run_cli, run_config, torch_save_
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 import tinylm.checkpoint
+import tinylm.extras
 import tinylm.model
 import tinylm.threads
+import tinylm.train
 from tinylm.checkpoint import load_checkpoint, resolve_checkpoint_dir
 from tinylm.cli.command_line import check_command_line
 from tinylm.cli.train import build_run_config
@@ -125,6 +127,30 @@ def test_short_run_lowers_the_loss_and_writes_a_loadable_checkpoint(trained_run)
     val_ids = np.memmap(prepared.val_path, dtype=prepared.meta["dtype"], mode="r")
     val_loss = validation_loss(ckpt.model, val_ids, run.train, 32, torch.device("cpu"))
     assert val_loss == pytest.approx(metrics["val_loss"], abs=1e-6)
+
+
+def test_the_figure_helper_starts_laying_out_the_probe_prompt_before_the_optimizer_is_built(
+        corpus, tmp_path, monkeypatch):
+    calls = []
+    start, build = tinylm.extras.Extras.start, tinylm.train.configure_optimizer
+
+    def start_helper(self, warm_up=None, *args):
+        calls.append(("helper", getattr(warm_up, "__name__", None), *args))
+        return start(self, warm_up, *args)
+
+    def build_optimizer(*args):
+        calls.append(("optimizer",))
+        return build(*args)
+    monkeypatch.setattr(tinylm.extras.Extras, "start", start_helper)
+    monkeypatch.setattr(tinylm.train, "configure_optimizer", build_optimizer)
+    run_dir = tmp_path / "run"
+    train(run_config(corpus, run_dir, "train.max_steps=2", "train.probe_prompt='Tom saw Lily.'"))
+    ckpt = load_checkpoint(run_dir)
+    tokens = list(ckpt.tokenizer.token_strings(ckpt.tokenizer.encode("Tom saw Lily.")))
+    assert calls == [("helper", "lay_out_attention_grid", tokens, 2), ("optimizer",)]
+    events = EventAccumulator(str(run_dir / "tensorboard"), size_guidance={"images": 0})
+    events.Reload()
+    assert [e.step for e in events.Images("attention/layer_01")] == [2]
 
 
 def test_tensorboard_holds_the_promised_scalars_text_images_and_hparams(trained_run):

@@ -4,7 +4,8 @@ Drawing a layer's attention grid with matplotlib takes longer than dozens of tra
 Training hands copies of what a figure needs (numpy arrays, strings) to a helper process,
 keeps training, and writes each finished summary to TensorBoard between steps:
 
-    extras = Extras()                                         # the helper starts at the first job
+    extras = Extras()                                         # the helper starts at the first job,
+    extras.start(lay_out_attention_grid, tokens, n_head)      # or now, laying a figure out
     extras.submit(250, attention_grid_summaries, weights, tokens)   # weights (L, nh, T, T)
     extras.write_finished(writer)                             # between steps: what is done
     dropped = extras.close(writer, wait=True)                 # end of run: wait for the rest
@@ -71,10 +72,27 @@ class Extras:
         # (step, wall time, result, extra, args): the extra and its args to draw it here if
         # the helper process dies
         self._pending: list[tuple[int, float, Future, Callable, tuple]] = []
-        self._executor: Executor | None = None  # started by the first submit
+        self._executor: Executor | None = None  # started by start() or the first submit
+
+    def start(self, warm_up: Callable[..., object] | None = None, *args) -> Future:
+        """Start the helper now, not at the first submit, and have it run `warm_up(*args)`
+        first (returns that job's Future). Loading matplotlib and laying the first figure out
+        take seconds of one core: a caller whose own start-up keeps one core busy gets them
+        done on another meanwhile."""
+        # also without a warm-up a job is what makes a process pool spawn its worker
+        return self._started().submit(warm_up or _nothing, *args)
 
     def submit(self, step: int, extra: Callable[..., list[bytes]], *args) -> None:
         """Run `extra(*args, step)` in the helper; its summaries are written at `step`."""
+        walltime = time.time()  # TensorBoard shows when the evaluation happened
+        try:
+            done = self._started().submit(extra, *args, step)
+        except BrokenProcessPool:  # it stopped before this job, e.g. after start()
+            self._draw_here_instead()
+            done = self._executor.submit(extra, *args, step)
+        self._pending.append((step, walltime, done, extra, args))
+
+    def _started(self) -> Executor:
         if self._executor is None:
             if self.helper == "process":
                 # spawn on every OS: a fork of a process running OpenMP threads is not safe
@@ -83,9 +101,7 @@ class Extras:
                     initializer=_start_helper)
             else:
                 self._executor = ThreadPoolExecutor(1, thread_name_prefix="tinylm-extras")
-        walltime = time.time()  # TensorBoard shows when the evaluation happened
-        done = self._executor.submit(extra, *args, step)
-        self._pending.append((step, walltime, done, extra, args))
+        return self._executor
 
     @property
     def pending(self) -> int:
@@ -120,17 +136,21 @@ class Extras:
         try:
             summaries = done.result()
         except BrokenProcessPool:
-            # e.g. a script that calls train() without `if __name__ == "__main__":`, which the
-            # helper (spawned) imports again: draw here, as before there was a helper
-            if isinstance(self._executor, ProcessPoolExecutor):
-                log.warning("the process drawing the evaluation figures stopped (a script "
-                            "that calls train() needs `if __name__ == '__main__':`); drawing "
-                            "them in the training process instead")
-                self._executor.shutdown(wait=False, cancel_futures=True)
-                self._executor = ThreadPoolExecutor(1, thread_name_prefix="tinylm-extras")
+            self._draw_here_instead()
             summaries = extra(*args, step)
         for serialized in summaries:
             writer.file_writer.add_summary(Summary.FromString(serialized), step, walltime)
+
+    def _draw_here_instead(self) -> None:
+        """The helper process stopped, e.g. in a script that calls train() without `if __name__
+        == "__main__":`, which the helper (spawned) imports again: draw in this process, as
+        before there was a helper (once; later jobs find the thread in place)."""
+        if isinstance(self._executor, ProcessPoolExecutor):
+            log.warning("the process drawing the evaluation figures stopped (a script that "
+                        "calls train() needs `if __name__ == '__main__':`); drawing them in the "
+                        "training process instead")
+            self._executor.shutdown(wait=False, cancel_futures=True)
+            self._executor = ThreadPoolExecutor(1, thread_name_prefix="tinylm-extras")
 
 
 # ------------------------------------------------------------------------------ the extras
@@ -156,6 +176,18 @@ def _attention_grids(tokens: tuple[str, ...], n_head: int):
     from tinylm.plots import AttentionGridImages
 
     return AttentionGridImages(tokens)
+
+
+def _nothing() -> None:
+    """The job that only starts the helper."""
+
+
+def lay_out_attention_grid(tokens: list[str], n_head: int) -> None:
+    """Lay out the figure attention_grid_summaries draws for `tokens` (its first draw's ~1.7 s
+    of a ~2 s draw on an AMD Zen 3), so that the first evaluation's figures take only the rest.
+    The layout depends on the tokens and the head count, not on the weights."""
+    _attention_grids(tuple(tokens), n_head)(np.zeros((n_head, len(tokens), len(tokens)),
+                                                     dtype=np.float32))
 
 
 def attention_grid_summaries(weights: np.ndarray, tokens: list[str], step: int) -> list[bytes]:

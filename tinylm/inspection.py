@@ -162,6 +162,21 @@ def is_name(text: str, word_spans: Sequence[tuple[int, int]], i: int) -> bool:
     return gap is not None and not SENTENCE_START.search(gap)
 
 
+def token_window(tokenizer, text: str, block_size: int, keep: str = "first"
+                 ) -> tuple[list[int], list[tuple[int, int]], int, int]:
+    """(ids, character offsets, start, n): the block_size tokens of `text` one forward pass
+    reads, its first (keep="first") or last ("last") ones, from token `start` of all `n`."""
+    if keep not in ("first", "last"):
+        raise ValueError(f"keep={keep!r} is not allowed; allowed: first, last")
+    ids, offsets = tokenizer.encode_with_offsets(text)
+    if not ids:
+        raise ValueError("cannot inspect an empty text")
+    n = len(ids)
+    start = max(0, n - block_size) if keep == "last" else 0
+    return (list(ids[start:start + block_size]),
+            [tuple(o) for o in offsets[start:start + block_size]], start, n)
+
+
 @torch.inference_mode()
 def capture_attention(model, tokenizer, text: str, keep: str = "first") -> AttentionCapture:
     """One forward pass over `text` with return_attention=True, every layer's weights kept.
@@ -170,15 +185,7 @@ def capture_attention(model, tokenizer, text: str, keep: str = "first") -> Atten
     block_size tokens. After generation "first" is right: the window then starts at the prompt,
     and it is exactly the attention the model used while writing those tokens.
     """
-    if keep not in ("first", "last"):
-        raise ValueError(f"keep={keep!r} is not allowed; allowed: first, last")
-    ids, offsets = tokenizer.encode_with_offsets(text)
-    if not ids:
-        raise ValueError("cannot inspect an empty text")
-    n, block_size = len(ids), model.config.block_size
-    start = max(0, n - block_size) if keep == "last" else 0
-    ids, offsets = list(ids[start:start + block_size]), [tuple(o) for o in offsets]
-    offsets = offsets[start:start + block_size]
+    ids, offsets, start, n = token_window(tokenizer, text, model.config.block_size, keep)
     device = next(model.parameters()).device
     out = model(torch.tensor([ids], dtype=torch.long, device=device), return_attention=True)
     weights = torch.stack([a[0] for a in out.attentions]).float().cpu().numpy()  # (L, nh, T, T)

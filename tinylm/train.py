@@ -67,7 +67,7 @@ from tinylm.runtime import (
 )
 from tinylm.threads import apply_threads, start_sample
 from tinylm.train_config import RunConfig, TrainConfig
-from tinylm.train_logs import TrainingLogs
+from tinylm.train_logs import TrainingLogs, start_figures
 
 log = logging.getLogger(__name__)
 
@@ -155,6 +155,8 @@ class Trainer:
         self.threads = apply_threads(t.threads, cpu_sample, team_when_full=True)
         torch.manual_seed(t.seed)
         self.model = TinyLM(model_cfg).to(device)  # the plain module: saved, sampled, probed
+        if self.is_main:  # its figure helper starts before the optimizer's build (see there)
+            figures = start_figures(t, self.tokenizer, model_cfg.block_size, model_cfg.n_head)
         self.optimizer = configure_optimizer(self.model, cfg.optim)
         self.scaler = torch.amp.GradScaler(device.type, enabled=self.dtype == torch.float16)
         self.autocast = torch.autocast(device.type, dtype=self.dtype,
@@ -172,8 +174,7 @@ class Trainer:
         self.logs: TrainingLogs | None = None  # rank 0's TensorBoard files
         if self.is_main:
             self.logs = TrainingLogs(self.run_dir / TENSORBOARD_DIR, self.step,
-                                     self.run_config.to_dict(), self.tokenizer,
-                                     model_cfg.block_size)
+                                     self.run_config.to_dict(), self.tokenizer, *figures)
             # MFU: the FLOPs the model does per token against what the matmuls could do
             self.peak_flops = matmul_peak_flops(device, self.dtype) * self.world_size
             self.info(f"Model: {self.model.num_params() / 1e6:.2f}M parameters "

@@ -1,9 +1,11 @@
 """What a training run shows in TensorBoard: scalars, a sample, attention maps, hyperparameters.
 
 Rank 0 keeps one TrainingLogs per run. Its figures are drawn by a helper process (tinylm/extras.py)
-while training goes on; `write_finished` writes, between steps, those that are done.
+while training goes on; `write_finished` writes, between steps, those that are done. The helper
+starts before the model's optimizer is built, to load and lay out its figures meanwhile.
 
-    logs = TrainingLogs(run_dir / "tensorboard", step, run_config, tokenizer, block_size)
+    extras, name_items = start_figures(train_cfg, tokenizer, block_size, n_head)
+    logs = TrainingLogs(run_dir / "tensorboard", step, run_config, tokenizer, extras, name_items)
     logs.train_scalars(step, loss, grad_norm, lr, tokens_per_s, mfu)
     logs.evaluation(model, train_cfg, step, val_loss, perplexity, device)
     dropped = logs.close(wait=True)          # how many evaluations' figures were not written
@@ -18,27 +20,52 @@ import yaml
 from torch.utils.tensorboard import SummaryWriter
 from torch.utils.tensorboard.summary import hparams
 
-from tinylm.extras import Extras, attention_grid_summaries, layer_head_summaries
+from tinylm.extras import (
+    Extras,
+    attention_grid_summaries,
+    lay_out_attention_grid,
+    layer_head_summaries,
+)
 from tinylm.generate import encode_prompt, generate
-from tinylm.inspection import capture_attention
+from tinylm.inspection import capture_attention, token_window
 from tinylm.model import TinyLM
 from tinylm.probe import deciding_name_attention, shipped_name_items
+from tinylm.probe_items import EncodedAttentionItem
 from tinylm.tensorboard_plugin.summary import write_attention
 from tinylm.train_config import TrainConfig
 
 
-class TrainingLogs:
-    """One run's TensorBoard writer and the helper that draws its figures."""
+def start_figures(cfg: TrainConfig, tokenizer, block_size: int, n_head: int
+                  ) -> tuple[Extras, list[EncodedAttentionItem]]:
+    """The helper that will draw a run's figures, started now, and the shipped agreement items
+    as tokens (once: each evaluation then costs one forward pass and one small image).
 
-    def __init__(self, log_dir: Path, step: int, run_config: dict, tokenizer, block_size: int):
-        self.extras = Extras()  # draws the figures in a helper process
+    The helper loads matplotlib and lays out the probe prompt's grid, ~3 s of one core, while
+    the caller builds the optimizer, which keeps one core busy importing torch._dynamo: on a
+    machine with a core to spare the first evaluation's figures no longer cost training that.
+    """
+    extras = Extras()
+    name_items = shipped_name_items(tokenizer, block_size)
+    if cfg.probe_prompt:
+        ids = token_window(tokenizer, cfg.probe_prompt, block_size)[0]
+        extras.start(lay_out_attention_grid, list(tokenizer.token_strings(ids)), n_head)
+    elif name_items:
+        extras.start()
+    return extras, name_items
+
+
+class TrainingLogs:
+    """One run's TensorBoard writer and the helper that draws its figures (start_figures)."""
+
+    def __init__(self, log_dir: Path, step: int, run_config: dict, tokenizer, extras: Extras,
+                 name_items: list[EncodedAttentionItem]):
+        self.extras = extras
         # purge_step hides what an earlier attempt logged after this checkpoint's step
         self.writer = SummaryWriter(str(log_dir), purge_step=step + 1 if step else None)
         if step == 0:
             self._write_hparams(run_config)
         self.tokenizer = tokenizer
-        # tokenized once: each evaluation then costs one forward pass and one small image
-        self.name_items = shipped_name_items(tokenizer, block_size)
+        self.name_items = name_items
 
     def _write_hparams(self, run_config: dict) -> None:
         """The run's hyperparameters for TensorBoard's HPARAMS tab (metrics: the val scalars)."""
