@@ -3,6 +3,7 @@
 Every run uses the real conf/ tree made tiny (a 2-layer model on a corpus the tests write).
 """
 
+import multiprocessing
 import os
 import random
 import shlex
@@ -422,10 +423,18 @@ def test_resume_from_a_checkpoint_at_or_past_max_steps_is_refused_before_any_wor
     full_dir, metrics = trained_run
     assert metrics["step"] == 30
     with pytest.raises(ConfigError, match=f"it is at step 30, and train.max_steps={max_steps} "
-                                          "leaves nothing to train; raise train.max_steps"):
+                                          "leaves nothing to train; raise train.max_steps") \
+            as refused:
         train(run_config(corpus, tmp_path / "run", f"train.max_steps={max_steps}",
                          f"train.resume={full_dir}"))
     assert not (tmp_path / "run" / "checkpoints").exists()
+    # the figure helper, started before the refusal, ends once its warm-up is done, also while
+    # the error is kept (as an interactive session keeps the last one)
+    assert refused.tb is not None
+    deadline = time.monotonic() + 60
+    while multiprocessing.active_children() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert multiprocessing.active_children() == []
 
 
 # ------------------------------------------------------------------ the command line

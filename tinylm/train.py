@@ -155,15 +155,21 @@ class Trainer:
         self.threads = apply_threads(t.threads, cpu_sample, team_when_full=True)
         torch.manual_seed(t.seed)
         self.model = TinyLM(model_cfg).to(device)  # the plain module: saved, sampled, probed
-        if self.is_main:  # its figure helper starts before the optimizer's build (see there)
-            figures = start_figures(t, self.tokenizer, model_cfg.block_size, model_cfg.n_head)
-        self.optimizer = configure_optimizer(self.model, cfg.optim)
-        self.scaler = torch.amp.GradScaler(device.type, enabled=self.dtype == torch.float16)
-        self.autocast = torch.autocast(device.type, dtype=self.dtype,
-                                       enabled=self.dtype != torch.float32)
-        self.step, self.best_val, self.tokens_seen = 0, math.inf, 0
-        if resume_from is not None:
-            self._resume(resume_from, prepared.directory / TOKENIZER_FILE)
+        # rank 0's figure helper starts before the optimizer's build (see start_figures)
+        figures = start_figures(t, self.tokenizer, model_cfg.block_size, model_cfg.n_head) \
+            if self.is_main else None
+        try:
+            self.optimizer = configure_optimizer(self.model, cfg.optim)
+            self.scaler = torch.amp.GradScaler(device.type, enabled=self.dtype == torch.float16)
+            self.autocast = torch.autocast(device.type, dtype=self.dtype,
+                                           enabled=self.dtype != torch.float32)
+            self.step, self.best_val, self.tokens_seen = 0, math.inf, 0
+            if resume_from is not None:
+                self._resume(resume_from, prepared.directory / TOKENIZER_FILE)
+        except BaseException:  # e.g. a resume refused: no figure will be drawn
+            if figures is not None:
+                figures[0].close(writer=None, wait=False)
+            raise
 
         # What the steps run: compiled and/or wrapped for DDP, sharing the plain module's weights.
         self.forward = torch.compile(self.model) if t.compile else self.model
