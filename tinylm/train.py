@@ -297,10 +297,11 @@ class Trainer:
                                    self.device, self.autocast, self.rank, self.world_size)
         if self.is_main:
             perplexity = math.exp(min(val_loss, 50.0))
-            self.logs.evaluation(self.model, self.t, self.step, val_loss, perplexity,
-                                 self.device)
+            # said as soon as it is known, before the sample and the figures' forward passes
             self.info(f"step {self.step}: val loss {val_loss:.4f}, perplexity {perplexity:.2f}"
                       f"{' (best)' if val_loss < self.best_val else ''}")
+            self.logs.evaluation(self.model, self.t, self.step, val_loss, perplexity,
+                                 self.device)
         return val_loss
 
     def close_logs(self, wait: bool = True) -> None:
