@@ -1,5 +1,6 @@
 """Fixtures shared by the test files, each built once per session: a BPE tokenizer, tiny models,
-a story corpus and a tiny trained run. Session fixtures are read-only: a test that changes a model
+a story corpus and a tiny trained run; and `no_symlinks`, checkpoints written as on Windows or
+a FAT disk. Session fixtures are read-only: a test that changes a model
 gets its own copy, and a test that writes into a run directory copies it first
 (`trained_run_copy`). Also the `cuda` marker: such tests run only where CUDA is present."""
 
@@ -95,7 +96,7 @@ class OsWithoutSymlinks(types.ModuleType):
 @pytest.fixture(params=["windows", "vfat"])
 def no_symlinks(request, monkeypatch):
     """Checkpoints are written where symlinks cannot be made: on Windows, or on a Linux disk
-    that holds none. Yields the case's name."""
+    that holds none. Returns the case's name."""
     monkeypatch.setattr(tinylm.checkpoint, "os", OsWithoutSymlinks(request.param == "windows"))
     return request.param
 
