@@ -1,8 +1,8 @@
-"""Fixtures shared by the test files, each built once per session: a BPE tokenizer, tiny models,
-a story corpus and a tiny trained run; and `no_symlinks`, checkpoints written as on Windows or
-a FAT disk. Session fixtures are read-only: a test that changes a model
+"""Fixtures shared by the test files, most built once per session: a BPE tokenizer, tiny models,
+a story corpus and a tiny trained run. Session fixtures are read-only: a test that changes a model
 gets its own copy, and a test that writes into a run directory copies it first
-(`trained_run_copy`). Also the `cuda` marker: such tests run only where CUDA is present."""
+(`trained_run_copy`). Per test, `no_symlinks` has checkpoints written as on Windows or a FAT
+disk. Also the `cuda` marker: such tests run only where CUDA is present."""
 
 import copy
 import errno
