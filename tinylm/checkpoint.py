@@ -278,13 +278,14 @@ def save_checkpoint(
     return checkpoints / name
 
 
-def _warn_dangling(base: Path, chosen: str) -> None:
-    """Say so when a tag was passed over because the step it names is missing."""
+def _warn_dangling(base: Path, chosen: str, found: Path) -> None:
+    """Say so when a tag was passed over for `chosen` (naming `found`) because the step it
+    names is missing."""
     for tag in TAGS:
         named = tagged(base, tag)
         if tag != chosen and named is not None and not named.is_dir():
             log.warning(f"{base / tag} points at {named.name}, which is missing; "
-                        f"using {chosen} ({tagged(base, chosen).name}) instead")
+                        f"using {chosen} ({found.name}) instead")
 
 
 def resolve_checkpoint_dir(path: str | Path, prefer: str = "best") -> Path:
@@ -310,7 +311,7 @@ def resolve_checkpoint_dir(path: str | Path, prefer: str = "best") -> Path:
         for tag in order:
             found = tagged_checkpoint(base, tag)
             if found is not None:
-                _warn_dangling(base, tag)
+                _warn_dangling(base, tag, found)
                 return found
     raise FileNotFoundError(
         f"no checkpoint found in {path}: expected {path / WEIGHTS_FILE}, or "

@@ -156,8 +156,8 @@ class Trainer:
         torch.manual_seed(t.seed)
         self.model = TinyLM(model_cfg).to(device)  # the plain module: saved, sampled, probed
         # rank 0's figure helper starts before the optimizer's build (see start_figures)
-        figures = start_figures(t, self.tokenizer, model_cfg.block_size, model_cfg.n_head) \
-            if self.is_main else None
+        extras, name_items = start_figures(t, self.tokenizer, model_cfg.block_size,
+                                           model_cfg.n_head) if self.is_main else (None, [])
         try:
             self.optimizer = configure_optimizer(self.model, cfg.optim)
             self.scaler = torch.amp.GradScaler(device.type, enabled=self.dtype == torch.float16)
@@ -167,8 +167,8 @@ class Trainer:
             if resume_from is not None:
                 self._resume(resume_from, prepared.directory / TOKENIZER_FILE)
         except BaseException:  # e.g. a resume refused: no figure will be drawn
-            if figures is not None:
-                figures[0].close(writer=None, wait=False)
+            if extras is not None:
+                extras.close(writer=None, wait=False)
             raise
 
         # What the steps run: compiled and/or wrapped for DDP, sharing the plain module's weights.
@@ -180,7 +180,8 @@ class Trainer:
         self.logs: TrainingLogs | None = None  # rank 0's TensorBoard files
         if self.is_main:
             self.logs = TrainingLogs(self.run_dir / TENSORBOARD_DIR, self.step,
-                                     self.run_config.to_dict(), self.tokenizer, *figures)
+                                     self.run_config.to_dict(), self.tokenizer, extras,
+                                     name_items)
             # MFU: the FLOPs the model does per token against what the matmuls could do
             self.peak_flops = matmul_peak_flops(device, self.dtype) * self.world_size
             self.info(f"Model: {self.model.num_params() / 1e6:.2f}M parameters "
