@@ -17,6 +17,7 @@ from helpers import compose
 from omegaconf import OmegaConf
 
 from tinylm.bench import Ratio, Row, Section, Timing
+from tinylm.bench_runs import TrainRun, endtoend_ratios, run_nanogpt
 from tinylm.bench_train import bench_train
 from tinylm.cli.bench import (
     SECTIONS,
@@ -37,6 +38,27 @@ from tinylm.tokenizer import TokenizerConfig
 
 STORY = ("Lily and Tom went to the park. She saw a big dog. It was happy.\n\n"
          "Tom said, \"Look at the dog!\" He laughed. They played all day.\n\n")
+
+# Prints what nanoGPT's train.py prints, each evaluation 0.4 s before the next step's line, and
+# writes its checkpoint where --out_dir says
+FAKE_NANOGPT = """\
+import pathlib, sys, time
+out = pathlib.Path(next(a for a in sys.argv if a.startswith("--out_dir="))[len("--out_dir="):])
+out.mkdir(parents=True, exist_ok=True)
+(out / "ckpt.pt").write_text("weights")
+for step, val in ((0, 4.1), (2, 1.95), (4, 1.8), (6, 1.85)):
+    print(f"step {step}: train loss {val + 0.1:.4f}, val loss {val:.4f}")
+    time.sleep(0.4)
+    print(f"iter {step}: loss {val:.4f}, time {10 * (step + 1):.2f}ms, mfu 0.01%")
+"""
+
+
+def fake_nanogpt(root: Path, script: str = FAKE_NANOGPT) -> Path:
+    """A nanoGPT checkout whose train.py is `script`, its `tiny` dataset prepared."""
+    (root / "data" / "tiny").mkdir(parents=True)
+    (root / "data" / "tiny" / "train.bin").write_bytes(b"\0\0")
+    (root / "train.py").write_text(script, encoding="utf-8")
+    return root
 
 
 def tiny_config(tmp_path: Path, **overrides) -> BenchConfig:
@@ -59,7 +81,8 @@ def tiny_config(tmp_path: Path, **overrides) -> BenchConfig:
             "model.n_layer=1", "model.n_head=2", "model.n_embd=16", "model.block_size=16",
             "train.batch_size=2", "train.max_steps=4", "train.eval_interval=2",
             "train.eval_batches=1", "train.log_interval=1", "train.sample_tokens=4",
-            "train.device=cpu"]))
+            "train.device=cpu"],
+            nanogpt=str(fake_nanogpt(tmp_path / "nanoGPT")), nanogpt_args=["--dataset=tiny"]))
     values.update(overrides)
     return BenchConfig(**values)
 
@@ -101,7 +124,8 @@ def test_every_section_writes_positive_finite_figures_to_json(tmp_path, monkeypa
         "quiet", "one busy process", "a 2-thread PyTorch job"]
     assert all("auto chose" in n for n in load["notes"][:3])
     endtoend = on_disk["sections"]["endtoend"]
-    assert [r["note"] for r in endtoend["rows"]] == ["4 steps", "4 steps"]
+    assert [r["note"] for r in endtoend["rows"]] == ["4 steps", "4 steps", "6 steps"]
+    assert endtoend["rows"][2]["name"] == "nanoGPT's command"
     for row in endtoend["rows"]:  # 4 tiny steps: most of the wall time is start-up
         figures = row["figures"]
         assert figures["startup_s"] < figures["wall_s"] == row["median_s"]
@@ -205,6 +229,59 @@ def test_a_section_table_aligns_names_left_figures_right_and_notes_last():
         "candidate  median ms  min ms  tokens/s  note",
         "ours            2.00    1.50   500,000  best",
         "the peer       12.34   12.34    81,037"]
+
+
+def test_nanogpt_is_timed_by_the_lines_it_prints_and_keeps_its_checkpoint_dir(tmp_path,
+                                                                            monkeypatch):
+    monkeypatch.delenv("PYTHONUNBUFFERED", raising=False)  # as in most users' shells
+    checkout = fake_nanogpt(tmp_path / "nanoGPT")
+    run = run_nanogpt(checkout, ["--dataset=tiny"], tmp_path / "out", target_val=1.89)
+    assert (run.steps, run.val_loss) == (6, 1.85)  # its last evaluation
+    assert run.step_s == pytest.approx(0.050)  # the median of iter 2, 4, 6: iter 0 warms up
+    # each line timed as it arrives (its output unbuffered): start-up at the first evaluation,
+    # the target at step 4's, which came 0.8 s after it and 0.8 s before the exit
+    assert run.startup_s + 0.4 < run.to_target_s < run.wall_s - 0.4
+    assert (tmp_path / "out" / "ckpt.pt").is_file()
+    assert {p.name for p in checkout.iterdir()} == {"data", "train.py"}  # no out/ written there
+
+
+def test_a_failing_nanogpt_run_names_its_command_and_last_line(tmp_path):
+    checkout = fake_nanogpt(tmp_path / "nanoGPT", "raise ValueError('Unknown config key: seed')")
+    with pytest.raises(RuntimeError, match=r"train.py --seed=1 in .*nanoGPT failed \(exit 1\): "
+                                           "ValueError: Unknown config key: seed"):
+        run_nanogpt(checkout, ["--seed=1"], tmp_path / "out", target_val=1.89)
+    silent = fake_nanogpt(tmp_path / "silent", "print('step 0: train loss 4.2, val loss 4.2')")
+    with pytest.raises(RuntimeError, match="no evaluation or no step time after iter 0"):
+        run_nanogpt(silent, [], tmp_path / "out", target_val=1.89)
+
+
+def test_a_nanogpt_checkout_without_its_script_or_data_is_refused_before_any_run(tmp_path):
+    with pytest.raises(ValueError, match=r"endtoend.nanogpt=.*: no nanoGPT checkout there"):
+        EndToEndBenchConfig(nanogpt=str(tmp_path))
+    (tmp_path / "train.py").write_text("", encoding="utf-8")
+    with pytest.raises(ValueError, match=r"shakespeare_char data is not prepared there \(no "
+                                         r"data/shakespeare_char/train.bin\); run python "
+                                         "data/shakespeare_char/prepare.py"):
+        EndToEndBenchConfig(nanogpt=str(tmp_path))
+
+
+def test_time_to_val_is_held_against_nanogpts_wall_time_when_it_ran_here():
+    def run(wall, to_val):
+        return TrainRun(wall_s=wall, startup_s=1.0, step_s=0.05, steps=500, val_loss=1.86,
+                        to_target_s=to_val)
+    cfg = EndToEndBenchConfig()
+    extras, plain, nanogpt = run(64.0, 62.0), run(61.0, 59.0), run(160.0, 158.0)
+    here = {r.name: r for r in endtoend_ratios(extras, plain, nanogpt, cfg)}
+    target = here["time to val <= 1.89 with the extras / nanoGPT's wall time"]
+    assert (target.value, target.target, target.met) == (62.0 / 160.0, 0.6, True)
+    assert here["time to val <= 1.89 with the extras / nanoGPT's time to val <= 1.89"].value \
+        == 62.0 / 158.0
+    assert here["wall time with the extras / without"].value == 64.0 / 61.0
+    elsewhere = endtoend_ratios(extras, plain, None, cfg)
+    assert [(r.name, r.value, r.met) for r in elsewhere[1:]] == [
+        ("time to val <= 1.89 with the extras / the reference 50.3 s", 62.0 / 50.3, False)]
+    never = endtoend_ratios(run(64.0, None), plain, nanogpt, cfg)
+    assert [r.name for r in never] == ["wall time with the extras / without"]
 
 
 def test_bench_yaml_builds_the_same_config_as_the_code_defaults():

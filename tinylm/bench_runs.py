@@ -5,6 +5,7 @@ shakespeare_char run end to end as a user starts it.
                                      # each way of starting in a process of its own
     tinylm-bench section=endtoend    # tinylm-train experiment=shakespeare_char, with and without
                                      # the evaluation extras, in a subprocess
+    tinylm-bench section=endtoend endtoend.nanogpt=../nanoGPT   # and nanoGPT's command after it
 
 Both return a `Section` like the others in tinylm/bench.py.
 """
@@ -239,35 +240,105 @@ def run_training(args: list[str], run_dir: Path, target_val: float) -> TrainRun:
                     val[-1].step, val[-1].value, reached - start if reached else None)
 
 
+# nanoGPT's train.py prints `step 250: train loss 2.4293, val loss 2.4447` at each evaluation
+# and `iter 50: loss 2.9336, time 50.20ms, mfu 0.03%` every --log_interval steps
+NANOGPT_EVALUATION = re.compile(r"step (\d+): train loss [\d.]+, val loss ([\d.]+)")
+NANOGPT_STEP = re.compile(r"iter (\d+): loss [\d.]+, time ([\d.]+)ms")
+
+
+def run_nanogpt(checkout: Path, args: list[str], out_dir: Path, target_val: float) -> TrainRun:
+    """nanoGPT's `python train.py args` in its checkout, with this Python, as a subprocess
+    timed from the command by the lines it prints; its checkpoint goes to out_dir, not over
+    the checkout's own."""
+    start = time.time()
+    process = subprocess.Popen(
+        [sys.executable, "train.py", *args, f"--out_dir={out_dir}"], cwd=checkout,
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        env=default_environment(PYTHONUNBUFFERED="1"))  # each line as it is printed
+    evaluations, step_times, last_line = [], [], ""
+    for line in process.stdout:
+        seconds = time.time() - start
+        if evaluation := NANOGPT_EVALUATION.match(line):
+            evaluations.append((int(evaluation[1]), float(evaluation[2]), seconds))
+        elif (step := NANOGPT_STEP.match(line)) and step[1] != "0":  # iter 0 includes warm-up
+            step_times.append(float(step[2]) / 1e3)
+        last_line = line.strip() or last_line
+    wall = time.time() - start
+    command = f"nanoGPT's python train.py {' '.join(args)} in {checkout}"
+    if process.wait() != 0:
+        raise RuntimeError(f"{command} failed (exit {process.returncode}): {last_line}")
+    if not evaluations or not step_times:
+        raise RuntimeError(f"{command} printed no evaluation or no step time after iter 0 "
+                           "(its --eval_interval and --log_interval must be below --max_iters)")
+    steps, val_loss, _ = evaluations[-1]
+    reached = next((seconds for _, val, seconds in evaluations if val <= target_val), None)
+    # start-up: to its first evaluation, which it prints just before its first step
+    return TrainRun(wall, evaluations[0][2], statistics.median(step_times), steps, val_loss,
+                    reached)
+
+
+def _run_row(name: str, run: TrainRun) -> Row:
+    return Row(name, run.wall_s, [run.wall_s], {
+        "wall_s": run.wall_s, "startup_s": run.startup_s, "step_ms": run.step_s * 1e3,
+        "val_loss": run.val_loss,
+        **({"to_target_s": run.to_target_s} if run.to_target_s is not None else {})},
+        f"{run.steps} steps")
+
+
+def endtoend_ratios(extras: TrainRun, plain: TrainRun, nanogpt: TrainRun | None,
+                    cfg: EndToEndBenchConfig) -> list[Ratio]:
+    """Wall time with the extras against without; time to the target val against nanoGPT's
+    wall time measured here (the target), or else against cfg.reference_s."""
+    ratios = [Ratio("wall time with the extras / without", extras.wall_s / plain.wall_s)]
+    if extras.to_target_s is None:
+        return ratios
+    to_val = f"time to val <= {cfg.target_val:g} with the extras"
+    if nanogpt is not None:
+        ratios.append(Ratio(f"{to_val} / nanoGPT's wall time", extras.to_target_s / nanogpt.wall_s,
+                            0.6, at_most=True))
+        if nanogpt.to_target_s is not None:
+            ratios.append(Ratio(f"{to_val} / nanoGPT's time to val <= {cfg.target_val:g}",
+                                extras.to_target_s / nanogpt.to_target_s))
+    elif cfg.reference_s:
+        ratios.append(Ratio(f"{to_val} / the reference {cfg.reference_s:g} s",
+                            extras.to_target_s / cfg.reference_s, 0.6, at_most=True))
+    return ratios
+
+
 def bench_endtoend(cfg: EndToEndBenchConfig) -> Section:
     """The experiment as a user runs it, with the evaluation extras (sample, figures) and
-    without; wall time, start-up, time per step, final val loss, time to the target val."""
+    without, then nanoGPT's command if cfg.nanogpt names a checkout; wall time, start-up, time
+    per step, final val loss, time to the target val."""
     base = [*([f"experiment={cfg.experiment}"] if cfg.experiment else []), *cfg.overrides]
     variants = {"with the evaluation extras": base,
                 "without the sample and the heads' maps": [*base, "train.probe_prompt=''",
                                                             "train.sample_tokens=0"]}
-    rows, runs = [], {}
+    rows, runs, nanogpt = [], {}, None
     with tempfile.TemporaryDirectory() as work:
         # untimed, one step: the data prepared and the files read once, as after a first run
         run_training([*variants["without the sample and the heads' maps"], "train.max_steps=1",
                       "train.eval_batches=1"], Path(work) / "warm-up", cfg.target_val)
         for name, args in variants.items():
-            run = runs[name] = run_training(args, Path(work) / str(len(runs)), cfg.target_val)
-            rows.append(Row(name, run.wall_s, [run.wall_s], {
-                "wall_s": run.wall_s, "startup_s": run.startup_s, "step_ms": run.step_s * 1e3,
-                "val_loss": run.val_loss, **({"to_target_s": run.to_target_s}
-                                             if run.to_target_s is not None else {})},
-                f"{run.steps} steps"))
+            runs[name] = run_training(args, Path(work) / str(len(runs)), cfg.target_val)
+            rows.append(_run_row(name, runs[name]))
+        if cfg.nanogpt is not None:
+            nanogpt = run_nanogpt(Path(cfg.nanogpt).expanduser(), cfg.nanogpt_args,
+                                  Path(work) / "nanogpt", cfg.target_val)
+            rows.append(_run_row("nanoGPT's command", nanogpt))
     extras, plain = (runs[name] for name in variants)
-    ratios = [Ratio("wall time with the extras / without", extras.wall_s / plain.wall_s)]
-    if cfg.reference_s and extras.to_target_s is not None:
-        ratios.append(Ratio(f"time to val <= {cfg.target_val} with the extras / the reference "
-                            f"{cfg.reference_s:g} s", extras.to_target_s / cfg.reference_s,
-                            0.6, at_most=True))
     notes = [f"each: python -m tinylm.cli.train {' '.join(base)} [...] in a subprocess, timed "
              "from the command to its exit; start-up: to the start-up line, logged just before "
              "step 1; per step: the median of the logged tokens/s; to val: the first evaluation "
              f"at or below {cfg.target_val} (evaluations every train.eval_interval steps)"]
-    if cfg.reference_s:
-        notes.append(f"reference: {cfg.reference_s:g} s, {cfg.reference} (not rerun here)")
-    return Section("endtoend", rows, ratios, notes)
+    if nanogpt is not None:
+        notes.append(f"nanoGPT: python train.py {' '.join(cfg.nanogpt_args)} --out_dir=<a "
+                     f"temporary dir> in {cfg.nanogpt}, with this Python (torch "
+                     f"{torch.__version__}), timed by the lines it prints; start-up: to its "
+                     "first evaluation, printed just before its first step; per step: the "
+                     "median of its logged step times after iter 0")
+    elif cfg.reference_s:
+        notes.append(f"reference: {cfg.reference_s:g} s, {cfg.reference} (not rerun here; "
+                     "endtoend.nanogpt=<a nanoGPT checkout> runs it here)")
+    if extras.to_target_s is None:
+        notes.append(f"with the extras, no evaluation reached val <= {cfg.target_val:g}")
+    return Section("endtoend", rows, endtoend_ratios(extras, plain, nanogpt, cfg), notes)

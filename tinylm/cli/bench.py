@@ -99,16 +99,46 @@ class LoadBenchConfig:
         one_of("load.optim", self.optim, OPTIMIZERS)
 
 
+# nanoGPT's CPU command for shakespeare_char in the shape of conf/experiment/shakespeare_char.yaml
+# (its README's, with 20 evaluation batches as ours; train.py runs it in a nanoGPT checkout)
+NANOGPT_SHAKESPEARE_CHAR = (
+    "config/train_shakespeare_char.py", "--dataset=shakespeare_char", "--device=cpu",
+    "--compile=False", "--eval_iters=20", "--log_interval=50", "--block_size=64",
+    "--batch_size=12", "--n_layer=4", "--n_head=4", "--n_embd=128", "--max_iters=2000",
+    "--lr_decay_iters=2000", "--dropout=0.0")
+
+
 @dataclass
 class EndToEndBenchConfig:
-    """`tinylm-train experiment=<experiment>` in a subprocess, with and without the extras."""
+    """`tinylm-train experiment=<experiment>` in a subprocess, with and without the extras,
+    and nanoGPT's command beside it where a checkout is given."""
 
     experiment: str | None = "shakespeare_char"  # None: the default run
     overrides: list[str] = field(default_factory=list)  # more tinylm-train overrides
     target_val: float = 1.89  # time until the val loss is at most this
-    reference_s: float | None = 50.3  # a reference wall time (nanoGPT, measured earlier)
+    # a nanoGPT checkout with its data prepared (git clone https://github.com/karpathy/nanoGPT;
+    # python data/shakespeare_char/prepare.py): its train.py runs with nanogpt_args, with this
+    # Python, after ours, and the target ratio is against its wall time. None: against reference_s
+    nanogpt: str | None = None
+    nanogpt_args: list[str] = field(default_factory=lambda: list(NANOGPT_SHAKESPEARE_CHAR))
+    reference_s: float | None = 50.3  # without nanogpt: a wall time measured elsewhere
     reference: str = ("nanoGPT's CPU command, same settings, measured on a 2-core Intel Xeon with "
                       "AMX; it holds only against a machine as fast")
+
+    def __post_init__(self):
+        if self.nanogpt is None:
+            return
+        checkout = Path(self.nanogpt).expanduser()
+        if not (checkout / "train.py").is_file():
+            raise ValueError(f"endtoend.nanogpt={self.nanogpt}: no nanoGPT checkout there (no "
+                             "train.py); clone one with git clone "
+                             "https://github.com/karpathy/nanoGPT")
+        dataset = next((arg.split("=", 1)[1] for arg in self.nanogpt_args
+                        if arg.startswith("--dataset=")), None)
+        if dataset and not (checkout / "data" / dataset / "train.bin").is_file():
+            raise ValueError(f"endtoend.nanogpt={self.nanogpt}: nanoGPT's {dataset} data is not "
+                             f"prepared there (no data/{dataset}/train.bin); run python "
+                             f"data/{dataset}/prepare.py in {checkout}")
 
 
 @dataclass
