@@ -126,6 +126,8 @@ def test_every_section_writes_positive_finite_figures_to_json(tmp_path, monkeypa
     endtoend = on_disk["sections"]["endtoend"]
     assert [r["note"] for r in endtoend["rows"]] == ["4 steps", "4 steps", "6 steps"]
     assert endtoend["rows"][2]["name"] == "nanoGPT's command"
+    # the stand-in ran without --device=, which in nanoGPT means cuda
+    assert any(n.startswith("tinylm trained on cpu and nanoGPT on cuda") for n in endtoend["notes"])
     for row in endtoend["rows"]:  # 4 tiny steps: most of the wall time is start-up
         figures = row["figures"]
         assert figures["startup_s"] < figures["wall_s"] == row["median_s"]
@@ -235,8 +237,9 @@ def test_nanogpt_is_timed_by_the_lines_it_prints_and_keeps_its_checkpoint_dir(tm
                                                                             monkeypatch):
     monkeypatch.delenv("PYTHONUNBUFFERED", raising=False)  # as in most users' shells
     checkout = fake_nanogpt(tmp_path / "nanoGPT")
-    run = run_nanogpt(checkout, ["--dataset=tiny"], tmp_path / "out", target_val=1.89)
-    assert (run.steps, run.val_loss) == (6, 1.85)  # its last evaluation
+    run = run_nanogpt(checkout, ["--dataset=tiny", "--device=cpu"], tmp_path / "out",
+                      target_val=1.89)
+    assert (run.steps, run.val_loss, run.device) == (6, 1.85, "cpu")  # its last evaluation
     assert run.step_s == pytest.approx(0.050)  # the median of iter 2, 4, 6: iter 0 warms up
     # each line timed as it arrives (its output unbuffered): start-up at the first evaluation,
     # the target at step 4's, which came 0.8 s after it and 0.8 s before the exit
@@ -268,7 +271,7 @@ def test_a_nanogpt_checkout_without_its_script_or_data_is_refused_before_any_run
 def test_time_to_val_is_held_against_nanogpts_wall_time_when_it_ran_here():
     def run(wall, to_val):
         return TrainRun(wall_s=wall, startup_s=1.0, step_s=0.05, steps=500, val_loss=1.86,
-                        to_target_s=to_val)
+                        to_target_s=to_val, device="cpu")
     cfg = EndToEndBenchConfig()
     extras, plain, nanogpt = run(64.0, 62.0), run(61.0, 59.0), run(160.0, 158.0)
     here = {r.name: r for r in endtoend_ratios(extras, plain, nanogpt, cfg)}

@@ -206,6 +206,7 @@ class TrainRun:
     steps: int
     val_loss: float
     to_target_s: float | None  # command -> the first evaluation at or below the target
+    device: str  # cpu, cuda, ...: where it trained
 
 
 def _log_time(line: str) -> float:
@@ -228,7 +229,8 @@ def run_training(args: list[str], run_dir: Path, target_val: float) -> TrainRun:
         raise RuntimeError(f"tinylm-train {' '.join(args)} failed: "
                            f"{(done.stderr.strip().splitlines() or ['?'])[-1]}")
     log_lines = (run_dir / "train.log").read_text(encoding="utf-8").splitlines()
-    ready = next(_log_time(line) for line in log_lines if "] - Model: " in line)
+    model_line = next(line for line in log_lines if "] - Model: " in line)
+    ready, device = _log_time(model_line), re.search(r" on ([a-z]+)", model_line)[1]
     tokens_per_step = int(re.search(r"([\d,]+) tokens per step", "\n".join(log_lines))
                           .group(1).replace(",", ""))
     events = EventAccumulator(str(run_dir / "tensorboard"), size_guidance={"scalars": 0})
@@ -237,7 +239,7 @@ def run_training(args: list[str], run_dir: Path, target_val: float) -> TrainRun:
     val = events.Scalars("val/loss")
     reached = next((e.wall_time for e in val if e.value <= target_val), None)
     return TrainRun(wall, ready - start, tokens_per_step / speeds[len(speeds) // 2],
-                    val[-1].step, val[-1].value, reached - start if reached else None)
+                    val[-1].step, val[-1].value, reached - start if reached else None, device)
 
 
 # nanoGPT's train.py prints `step 250: train loss 2.4293, val loss 2.4447` at each evaluation
@@ -272,9 +274,11 @@ def run_nanogpt(checkout: Path, args: list[str], out_dir: Path, target_val: floa
                            "(its --eval_interval and --log_interval must be below --max_iters)")
     steps, val_loss, _ = evaluations[-1]
     reached = next((seconds for _, val, seconds in evaluations if val <= target_val), None)
+    device = next((arg.split("=", 1)[1] for arg in args if arg.startswith("--device=")),
+                  "cuda")  # nanoGPT's default
     # start-up: to its first evaluation, which it prints just before its first step
     return TrainRun(wall, evaluations[0][2], statistics.median(step_times), steps, val_loss,
-                    reached)
+                    reached, device.split(":")[0])
 
 
 def _run_row(name: str, run: TrainRun) -> Row:
@@ -339,6 +343,11 @@ def bench_endtoend(cfg: EndToEndBenchConfig) -> Section:
     elif cfg.reference_s:
         notes.append(f"reference: {cfg.reference_s:g} s, {cfg.reference} (not rerun here; "
                      "endtoend.nanogpt=<a nanoGPT checkout> runs it here)")
+    if nanogpt is not None and nanogpt.device != extras.device:
+        notes.append(f"tinylm trained on {extras.device} and nanoGPT on {nanogpt.device}: the "
+                     "ratio compares devices as much as programs; give both one device "
+                     f"(endtoend.overrides=[train.device={nanogpt.device}], or --device= in "
+                     "endtoend.nanogpt_args)")
     if extras.to_target_s is None:
         notes.append(f"with the extras, no evaluation reached val <= {cfg.target_val:g}")
     return Section("endtoend", rows, endtoend_ratios(extras, plain, nanogpt, cfg), notes)
