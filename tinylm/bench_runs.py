@@ -248,6 +248,11 @@ NANOGPT_EVALUATION = re.compile(r"step (\d+): train loss [\d.]+, val loss ([\d.]
 NANOGPT_STEP = re.compile(r"iter (\d+): loss [\d.]+, time ([\d.]+)ms")
 
 
+def nanogpt_option(args: list[str], name: str, default: str | None = None) -> str | None:
+    """The value of `--name=value` in nanoGPT's arguments, or `default`."""
+    return next((arg.split("=", 1)[1] for arg in args if arg.startswith(f"--{name}=")), default)
+
+
 def run_nanogpt(checkout: Path, args: list[str], out_dir: Path, target_val: float) -> TrainRun:
     """nanoGPT's `python train.py args` in its checkout, with this Python, as a subprocess
     timed from the command by the lines it prints; its checkpoint goes to out_dir, not over
@@ -274,11 +279,10 @@ def run_nanogpt(checkout: Path, args: list[str], out_dir: Path, target_val: floa
                            "(its --eval_interval and --log_interval must be below --max_iters)")
     steps, val_loss, _ = evaluations[-1]
     reached = next((seconds for _, val, seconds in evaluations if val <= target_val), None)
-    device = next((arg.split("=", 1)[1] for arg in args if arg.startswith("--device=")),
-                  "cuda")  # nanoGPT's default
+    device = nanogpt_option(args, "device", "cuda").split(":")[0]  # cuda: nanoGPT's default
     # start-up: to its first evaluation, which it prints just before its first step
     return TrainRun(wall, evaluations[0][2], statistics.median(step_times), steps, val_loss,
-                    reached, device.split(":")[0])
+                    reached, device)
 
 
 def _run_row(name: str, run: TrainRun) -> Row:

@@ -27,7 +27,7 @@ from tinylm.bench import (
     bench_inspect,
     machine,
 )
-from tinylm.bench_runs import bench_endtoend, bench_load
+from tinylm.bench_runs import bench_endtoend, bench_load, nanogpt_option
 from tinylm.bench_train import bench_train
 from tinylm.cli.command_line import console_entry, without_hydra
 from tinylm.config import integer, one_of, to_dataclass
@@ -133,8 +133,7 @@ class EndToEndBenchConfig:
             raise ValueError(f"endtoend.nanogpt={self.nanogpt}: no nanoGPT checkout there (no "
                              "train.py); clone one with git clone "
                              "https://github.com/karpathy/nanoGPT")
-        dataset = next((arg.split("=", 1)[1] for arg in self.nanogpt_args
-                        if arg.startswith("--dataset=")), None)
+        dataset = nanogpt_option(self.nanogpt_args, "dataset")
         if dataset and not (checkout / "data" / dataset / "train.bin").is_file():
             raise ValueError(f"endtoend.nanogpt={self.nanogpt}: nanoGPT's {dataset} data is not "
                              f"prepared there (no data/{dataset}/train.bin); run python "
