@@ -344,14 +344,14 @@ def bench_endtoend(cfg: EndToEndBenchConfig) -> Section:
                      f"{torch.__version__}), timed by the lines it prints; start-up: to its "
                      "first evaluation, printed just before its first step; per step: the "
                      "median of its logged step times after iter 0")
+        if nanogpt.device != extras.device:
+            notes.append(f"tinylm trained on {extras.device} and nanoGPT on {nanogpt.device}: "
+                         "the ratio compares devices as much as programs; give both one device "
+                         f"(endtoend.overrides=[train.device={nanogpt.device}], or --device= "
+                         "in endtoend.nanogpt_args)")
     elif cfg.reference_s:
         notes.append(f"reference: {cfg.reference_s:g} s, {cfg.reference} (not rerun here; "
                      "endtoend.nanogpt=<a nanoGPT checkout> runs it here)")
-    if nanogpt is not None and nanogpt.device != extras.device:
-        notes.append(f"tinylm trained on {extras.device} and nanoGPT on {nanogpt.device}: the "
-                     "ratio compares devices as much as programs; give both one device "
-                     f"(endtoend.overrides=[train.device={nanogpt.device}], or --device= in "
-                     "endtoend.nanogpt_args)")
     if extras.to_target_s is None:
         notes.append(f"with the extras, no evaluation reached val <= {cfg.target_val:g}")
     return Section("endtoend", rows, endtoend_ratios(extras, plain, nanogpt, cfg), notes)
