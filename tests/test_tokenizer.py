@@ -45,6 +45,13 @@ def test_bpe_trains_to_the_asked_vocab_size_with_endoftext(bpe):
     assert len(bpe.encode(" the")) < len(" the")
 
 
+def test_bpe_trains_in_a_process_without_stdout(monkeypatch):
+    # a Windows `pythonw` process (an IDE's runner, a shortcut) has sys.stdout = None
+    monkeypatch.setattr("sys.stdout", None)
+    tokenizer = BPETokenizer.train(CORPUS, vocab_size=300)
+    assert tokenizer.decode(tokenizer.encode("the little cat")) == "the little cat"
+
+
 @pytest.mark.parametrize("text", HARD_TEXTS)
 def test_bpe_round_trips_any_text(bpe, text):
     assert bpe.decode(bpe.encode(text)) == text

@@ -119,7 +119,8 @@ class BPETokenizer(Tokenizer):
               show_progress: bool | None = None) -> BPETokenizer:
         """Learn merges on `texts` until vocab_size ids (fewer if the texts run out of pairs).
 
-        `show_progress`: draw progress bars; None = when stdout is a terminal.
+        `show_progress`: draw progress bars; None = when stdout is a terminal (a Windows
+        `pythonw` process has no stdout at all: no bars).
         """
         hf = HFTokenizer(models.BPE())
         # No normalizer: text must come back exactly as it went in (NFC would change accents).
@@ -130,7 +131,8 @@ class BPETokenizer(Tokenizer):
             # all 256 bytes from the start, so text never seen in training still encodes
             initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
             # its progress bars draw on stdout; in a log file they are only blank lines
-            show_progress=sys.stdout.isatty() if show_progress is None else show_progress)
+            show_progress=(sys.stdout is not None and sys.stdout.isatty())
+            if show_progress is None else show_progress)
         hf.train_from_iterator(texts, trainer, length=length)
         return cls(hf)
 
