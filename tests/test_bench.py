@@ -2,6 +2,7 @@
 turns, targets are judged, conf/bench.yaml builds BenchConfig, the command line writes its JSON.
 Smoke runs with tiny sizes, not timed tests."""
 
+import contextlib
 import dataclasses
 import json
 import math
@@ -17,7 +18,7 @@ from helpers import compose
 from omegaconf import OmegaConf
 
 from tinylm.bench import Ratio, Row, Section, Timing
-from tinylm.bench_runs import TrainRun, endtoend_ratios, run_nanogpt
+from tinylm.bench_runs import COMPETITORS, TrainRun, bench_load, endtoend_ratios, run_nanogpt
 from tinylm.bench_train import bench_train
 from tinylm.cli.bench import (
     SECTIONS,
@@ -34,6 +35,7 @@ from tinylm.cli.bench import (
 )
 from tinylm.data import DataConfig
 from tinylm.model import ModelConfig
+from tinylm.optim import OptimConfig
 from tinylm.tokenizer import TokenizerConfig
 
 STORY = ("Lily and Tom went to the park. She saw a big dog. It was happy.\n\n"
@@ -74,7 +76,8 @@ def tiny_config(tmp_path: Path, **overrides) -> BenchConfig:
         generate=GenerateBenchConfig(block_size=24, prompt_len=4, new_tokens=8,
                                      early_position=4, late_position=20, latency_steps=2),
         inspect=InspectBenchConfig(batch_size=1, seq_len=8),
-        load=LoadBenchConfig(batch_size=2, steps_per_call=1, decode_tokens=2, settle_s=0.1),
+        load=LoadBenchConfig(batch_size=2, steps_per_call=1, decode_tokens=2, settle_s=0.1,
+                            rounds=1),
         endtoend=EndToEndBenchConfig(experiment=None, target_val=100.0, overrides=[
             "data=text", f"data.data_root={tmp_path}", "data.files=[corpus.txt]",
             f"data.cache_dir={tmp_path / 'cache'}", "tokenizer.vocab_size=300",
@@ -161,6 +164,51 @@ def test_candidates_take_turns_and_the_median_is_reported():
     assert calls == ["a", "b", "a", "b", "b", "a", "a", "b"]  # warm-ups, then flipping rounds
     assert len(rows["a"].times_s) == 3
     assert rows["a"].median_s == pytest.approx(0.10, abs=0.025)
+
+
+def test_load_shares_are_taken_against_their_own_rounds_quiet_run(monkeypatch):
+    # seconds per training call of auto, by round: the second round's minute was slow for the
+    # quiet run and the load alike. Pooled, the quiet median (1 s) against the loaded median
+    # (8 s) would read 0.125; against their own rounds the shares are 0.5, 0.125, 0.5.
+    seconds = {"quiet": [1.0, 1.0, 4.0], "one busy process": [2.0, 8.0, 8.0],
+               "a 2-thread PyTorch job": [4.0, 4.0, 16.0]}
+    order, beside = [], {"condition": "quiet"}
+
+    @contextlib.contextmanager
+    def competitor(code):  # no process: the condition's name, for the worker
+        beside["condition"] = next(name for name, c in COMPETITORS.items() if c == code)
+        yield None
+        beside["condition"] = "quiet"
+
+    def worker(start, spec):
+        condition = beside["condition"]
+        if start == "plain":
+            order.append(condition)
+            return {"times_s": {"train, 2 threads": [1.0]}, "auto": "1 thread (plain)",
+                    "auto_threads": 1}
+        round_ = order.count("quiet")
+        return {"times_s": {"train, auto": [seconds[condition][round_ - 1]] * spec["repeats"]},
+                "auto": f"{round_} threads (round {round_})", "auto_threads": round_}
+
+    monkeypatch.setattr("tinylm.bench_runs.competitor", competitor)
+    monkeypatch.setattr("tinylm.bench_runs.run_load_worker", worker)
+    model = ModelConfig(vocab_size=16, block_size=4, n_layer=1, n_head=1, n_embd=4)
+    section = bench_load(model, OptimConfig(), LoadBenchConfig(batch_size=1, steps_per_call=1,
+                                                               settle_s=0.0, rounds=3),
+                         Timing(repeats=5, warmup=1))
+
+    assert order == ["quiet", "one busy process", "a 2-thread PyTorch job"] * 3
+    ratios = {r.name: r for r in section.ratios}
+    busy = ratios["train, auto beside one busy process / quiet auto, tokens/s"]
+    assert busy.value == pytest.approx(0.5) and busy.target == 0.70 and busy.met is False
+    job = ratios["train, auto beside a 2-thread PyTorch job / quiet auto, tokens/s"]
+    assert job.value == pytest.approx(0.25) and job.target == 0.50
+    rows = {r.name: r for r in section.rows}
+    assert len(rows["train, auto (quiet)"].times_s) == 3 * 2  # ceil(5 / 3) calls a round
+    assert section.notes[0] == ("quiet: auto chose 1 threads (round 1) for training, 1 thread "
+                                "(plain) for decoding; by round: 1, 2, 3 threads for training, "
+                                "1, 1, 1 for decoding")
+    assert "one busy process: 0.50, 0.12, 0.50" in section.notes[3]
 
 
 def test_a_failing_torch_compile_leaves_the_eager_comparison(tmp_path, monkeypatch):
@@ -301,6 +349,8 @@ def test_bench_yaml_builds_the_same_config_as_the_code_defaults():
 def test_bad_options_name_the_key():
     with pytest.raises(ValueError, match="section='speed'"):
         BenchConfig(section="speed")
+    with pytest.raises(ValueError, match="load.rounds=0"):
+        LoadBenchConfig(rounds=0)
     with pytest.raises(ValueError, match="unknown config key attention.heads"):
         bench_config({"attention": {"heads": 4}})
     with pytest.raises(ValueError, match="generate.block_size=64 is too small"):

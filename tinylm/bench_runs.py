@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import re
 import statistics
@@ -91,7 +92,7 @@ def load_worker(start: str, spec: dict) -> dict:
 
     plain: training and decoding with spec["fixed_threads"], decoding with generate's `auto`;
     tinylm-train: training with the training command's `auto`. Returns the seconds of every
-    timed call by candidate, and what auto chose."""
+    timed call by candidate, and what auto chose and why."""
     from tinylm.threads import apply_threads, start_sample
 
     since = start_sample()
@@ -127,7 +128,7 @@ def load_worker(start: str, spec: dict) -> dict:
             candidates["decode, auto"] = with_threads(auto.threads, decode_call)
     measured = Timing(spec["repeats"], spec["warmup"]).run(candidates)
     return {"times_s": {name: row.times_s for name, row in measured.items()},
-            "auto": auto.describe()}
+            "auto": auto.describe(), "auto_threads": auto.threads}
 
 
 def run_load_worker(start: str, spec: dict) -> dict:
@@ -143,7 +144,11 @@ def run_load_worker(start: str, spec: dict) -> dict:
 def bench_load(model_cfg: ModelConfig, optim: OptimConfig, cfg: LoadBenchConfig,
                timing: Timing) -> Section:
     """Default training steps and batch-1 decoding, quiet and beside each competitor, with
-    threads=auto against a fixed count; tokens/s under load as a share of quiet tokens/s."""
+    threads=auto against a fixed count; tokens/s under load as a share of quiet tokens/s.
+
+    The conditions run in turns, `cfg.rounds` times, and each share is taken against the quiet
+    run of its own round, so that a minute in which the machine was slower falls on both sides
+    of a share; the ratios are the medians of the rounds' shares."""
     B, T = cfg.batch_size, model_cfg.block_size
     optim = replace(optim, name=cfg.optim)
     precision = "bf16" if resolve_precision("auto", torch.device("cpu")) == torch.bfloat16 \
@@ -151,35 +156,63 @@ def bench_load(model_cfg: ModelConfig, optim: OptimConfig, cfg: LoadBenchConfig,
     spec = {"model": asdict(model_cfg), "optim": asdict(optim), "precision": precision,
             "batch_size": B, "steps_per_call": cfg.steps_per_call,
             "decode_tokens": cfg.decode_tokens, "fixed_threads": cfg.fixed_threads,
-            "repeats": timing.repeats, "warmup": timing.warmup}
-    rows, notes, ratios = [], [], []
-    quiet: dict[str, float] = {}
-    for condition in ("quiet", *COMPETITORS):
-        with contextlib.ExitStack() as stack:
-            if condition != "quiet":
-                stack.enter_context(competitor(COMPETITORS[condition]))
-            time.sleep(cfg.settle_s)
-            plain = run_load_worker("plain", spec)
-            trainer = run_load_worker("tinylm-train", spec)
-        notes.append(f"{condition}: auto chose {trainer['auto']} for training, "
-                     f"{plain['auto']} for decoding")
-        for name, times in {**plain["times_s"], **trainer["times_s"]}.items():
-            kind, label = name.split(", ")
-            tokens = B * T * cfg.steps_per_call if kind == "train" else cfg.decode_tokens
-            row = Row(f"{name} ({condition})", statistics.median(times), times)
-            row.figures["tokens_per_s"] = tokens / row.median_s
-            rows.append(row)
-            if condition == "quiet":
-                quiet[name] = row.figures["tokens_per_s"]
-                continue
-            # the share of the quiet machine's speed, both against the quiet default (auto)
-            kept = row.figures["tokens_per_s"] / quiet[f"{kind}, auto"]
-            target = None
-            if kind == "train" and label == "auto":
-                target = 0.70 if condition == "one busy process" else 0.50
-            ratios.append(Ratio(f"{name} beside {condition} / quiet auto, tokens/s", kept,
-                                target))
-    notes += [f"train: the default run's step (B={B}, T={T}, n_layer={model_cfg.n_layer}, "
+            "repeats": math.ceil(timing.repeats / cfg.rounds), "warmup": timing.warmup}
+    conditions = ("quiet", *COMPETITORS)
+    calls: dict[str, list[float]] = {}  # row name -> seconds of every timed call, all rounds
+    shares: dict[tuple[str, str], list[float]] = {}  # (candidate, condition) -> one per round
+    # what auto chose in each round: (training's, decoding's)
+    choices: dict[str, list[tuple[dict, dict]]] = {condition: [] for condition in conditions}
+
+    def tokens_per_call(candidate: str) -> int:
+        return B * T * cfg.steps_per_call if candidate.startswith("train") else cfg.decode_tokens
+
+    for _ in range(cfg.rounds):
+        quiet: dict[str, float] = {}
+        for condition in conditions:
+            with contextlib.ExitStack() as stack:
+                if condition != "quiet":
+                    stack.enter_context(competitor(COMPETITORS[condition]))
+                time.sleep(cfg.settle_s)
+                plain = run_load_worker("plain", spec)
+                trainer = run_load_worker("tinylm-train", spec)
+            choices[condition].append((trainer, plain))
+            for candidate, times in {**plain["times_s"], **trainer["times_s"]}.items():
+                calls.setdefault(f"{candidate} ({condition})", []).extend(times)
+                speed = tokens_per_call(candidate) / statistics.median(times)
+                if condition == "quiet":
+                    quiet[candidate] = speed
+                else:  # the share of this round's quiet default (auto)
+                    kind = candidate.split(", ")[0]
+                    shares.setdefault((candidate, condition), []).append(
+                        speed / quiet[f"{kind}, auto"])
+
+    rows = []
+    for name, times in calls.items():
+        row = Row(name, statistics.median(times), times)
+        row.figures["tokens_per_s"] = tokens_per_call(name) / row.median_s
+        rows.append(row)
+    ratios, per_round = [], []
+    for (candidate, condition), kept in shares.items():
+        target = None
+        if candidate == "train, auto":
+            target = 0.70 if condition == "one busy process" else 0.50
+            per_round.append(f"{condition}: " + ", ".join(f"{share:.2f}" for share in kept))
+        ratios.append(Ratio(f"{candidate} beside {condition} / quiet auto, tokens/s",
+                            statistics.median(kept), target))
+    notes = []
+    for condition, by_round in choices.items():
+        trainer, plain = by_round[0]
+        notes.append(f"{condition}: auto chose {trainer['auto']} for training, {plain['auto']} "
+                     "for decoding" + ("" if cfg.rounds == 1 else
+                                       f"; by round: {_counts(t for t, _ in by_round)} threads "
+                                       f"for training, {_counts(p for _, p in by_round)} for "
+                                       "decoding"))
+    notes += [f"{cfg.rounds} round{'s' if cfg.rounds != 1 else ''} of every condition in turns, "
+              f"{spec['repeats']} timed call{'s' if spec['repeats'] != 1 else ''} per candidate "
+              f"in each, after {timing.warmup} untimed; a ratio is the median of its rounds' "
+              "shares, each against its own round's quiet auto; train, auto, by round: "
+              + "; ".join(per_round),
+              f"train: the default run's step (B={B}, T={T}, n_layer={model_cfg.n_layer}, "
               f"n_embd={model_cfg.n_embd}, dropout={model_cfg.dropout}, {precision}, "
               f"optim={optim.name}), {cfg.steps_per_call} steps per call; decode: greedy "
               f"batch 1, {cfg.decode_tokens} tokens with the KV cache",
@@ -191,6 +224,11 @@ def bench_load(model_cfg: ModelConfig, optim: OptimConfig, cfg: LoadBenchConfig,
               "competitors: " + "; ".join(f"{name}: python -c {code!r}"
                                           for name, code in COMPETITORS.items())]
     return Section("load", rows, ratios, notes)
+
+
+def _counts(chosen: Iterator[dict]) -> str:
+    """The thread counts load workers chose, e.g. '2, 2, 1'."""
+    return ", ".join(str(worker["auto_threads"]) for worker in chosen)
 
 
 # ------------------------------------------------------------------------------ end to end

@@ -94,9 +94,12 @@ class LoadBenchConfig:
     fixed_threads: int = 2  # what torch takes by itself on 2 cores: the collapse to compare
     settle_s: float = 0.5  # the load runs this long before the measuring processes start
     optim: str = "muon"  # the default run's optimizer (tinylm-train's conf/config.yaml)
+    # every condition this many times in turns; each round times ceil(repeats / rounds) calls
+    rounds: int = 3
 
     def __post_init__(self):
         one_of("load.optim", self.optim, OPTIMIZERS)
+        integer("load.rounds", self.rounds, least=1)
 
 
 # nanoGPT's CPU command for shakespeare_char in the shape of conf/experiment/shakespeare_char.yaml
