@@ -130,6 +130,18 @@ def test_a_team_with_cores_free_says_when_its_threads_sleep_while_they_wait(
             "OMP_WAIT_POLICY=active makes them spin" in choice.reason) is said
 
 
+@pytest.mark.parametrize(("threads", "policy", "reason"), [
+    (2, "passive", "set, " + tinylm.threads.PASSIVE_TEAM),  # chosen at start-up, unasked
+    (2, None, "set"),
+    (1, "passive", "set"),  # one thread: no team to wait for
+])
+def test_an_explicit_count_says_when_its_threads_sleep_while_they_wait(
+        machine, monkeypatch, threads, policy, reason):
+    machine(range(2), 0.0)
+    set_wait_policy(monkeypatch, policy)
+    assert choose_threads(threads) == tinylm.threads.ThreadChoice(threads, reason)
+
+
 def use_of_cores(monkeypatch, cpus, use):
     """The affinity and the CpuUse that busy_cpus and wait_passively_if_cores_full see."""
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(cpus), raising=False)

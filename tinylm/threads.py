@@ -174,6 +174,11 @@ def wait_passively_if_cores_full(since: CpuSample | None = None) -> bool:
     return waits_passively()
 
 
+# what the start-up line adds when a team of threads sleeps while it waits, and how to undo it
+PASSIVE_TEAM = ("threads that sleep while they wait: OMP_WAIT_POLICY=passive, slower with cores "
+                "free; OMP_WAIT_POLICY=active makes them spin")
+
+
 def choose_threads(setting: int | str, since: CpuSample | None = None,
                    team_when_full: bool = False) -> ThreadChoice:
     """The thread count for `setting`: a number is taken as is; `auto` takes this process's
@@ -183,7 +188,10 @@ def choose_threads(setting: int | str, since: CpuSample | None = None,
     keeps every core busy and the threads wait passively, the whole share, since the scheduler
     then gives each thread its slice of the busy cores."""
     if setting != "auto":
-        return ThreadChoice(int(setting), "set")
+        threads = int(setting)
+        # the policy may have been chosen at start-up (wait_passively_if_cores_full), unasked
+        return ThreadChoice(threads, f"set, {PASSIVE_TEAM}"
+                            if threads > 1 and waits_passively() else "set")
     cpus = usable_cpus()
     processes = local_world_size()
     share = max(1, len(cpus) // processes)
@@ -204,8 +212,7 @@ def choose_threads(setting: int | str, since: CpuSample | None = None,
     elif threads > 1 and waits_passively():
         # OpenMP took the policy when torch loaded, from the environment or from a shorter look
         # at the cores (wait_passively_if_cores_full); with cores free it only slows the team
-        why.append("threads that sleep while they wait: OMP_WAIT_POLICY=passive, slower with "
-                   "cores free; OMP_WAIT_POLICY=active makes them spin")
+        why.append(PASSIVE_TEAM)
     return ThreadChoice(threads, "auto: " + ", ".join(why))
 
 
