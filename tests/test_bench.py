@@ -271,6 +271,18 @@ def test_a_missed_target_is_printed_as_missed():
     assert section.to_dict()["ratios"][0]["met"] is False
 
 
+def test_a_ratio_next_to_its_target_is_printed_on_its_own_side_of_it():
+    section = Section("demo", [], [Ratio("missed by a hair", 1.2486, 1.25),
+                                   Ratio("over by a hair", 1.2504, 1.25, at_most=True),
+                                   Ratio("met exactly", 0.7, 0.7),
+                                   Ratio("far from it", 1.2486, 2.0)])
+    text = format_section(section)
+    assert "missed by a hair: 1.249   target >= 1.25: MISSED" in text  # not "1.25 ... MISSED"
+    assert "over by a hair: 1.2504   target <= 1.25: MISSED" in text
+    assert "met exactly: 0.70   target >= 0.7: met" in text
+    assert "far from it: 1.25   target >= 2: MISSED" in text  # two decimals where they do
+
+
 def test_a_section_table_aligns_names_left_figures_right_and_notes_last():
     section = Section("demo", [Row("ours", 0.002, [0.002, 0.0015], {"tokens_per_s": 5e5}, "best"),
                                Row("the peer", 0.01234, [0.01234], {"tokens_per_s": 81037.3})])

@@ -12,13 +12,14 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import torch
 from omegaconf import DictConfig, OmegaConf
 
 from tinylm.bench import (
+    Ratio,
     Section,
     Timing,
     bench_attention,
@@ -247,6 +248,16 @@ FIGURES = {"tokens_per_s": ("tokens/s", "{:,.0f}"), "mfu": ("MFU", "{:.1%}"),
            "to_target_s": ("to val s", "{:.1f}")}
 
 
+def shown_value(ratio: Ratio) -> str:
+    """The ratio to 2 decimals, or to as many more as it takes for the printed number to fall on
+    the same side of its target as the value: 1.2486 against 1.25 reads 1.249, not 1.25."""
+    for digits in range(2, 7):
+        text = f"{ratio.value:.{digits}f}"
+        if replace(ratio, value=float(text)).met == ratio.met:
+            return text
+    return repr(ratio.value)
+
+
 def format_section(section: Section) -> str:
     """A plain-text table of one section, then its ratios.
 
@@ -262,7 +273,7 @@ def format_section(section: Section) -> str:
         target = "" if ratio.target is None else (
             f"   target {'<=' if ratio.at_most else '>='} {ratio.target:g}: "
             f"{'met' if ratio.met else 'MISSED'}")
-        lines.append(f"  {ratio.name}: {ratio.value:.2f}{target}")
+        lines.append(f"  {ratio.name}: {shown_value(ratio)}{target}")
     lines += [f"  note: {note}" for note in section.notes]
     return "\n".join(lines) + "\n"
 
