@@ -280,7 +280,7 @@ def test_a_ratio_next_to_its_target_is_printed_on_its_own_side_of_it():
     assert "missed by a hair: 1.249   target >= 1.25: MISSED" in text  # not "1.25 ... MISSED"
     assert "over by a hair: 1.2504   target <= 1.25: MISSED" in text
     assert "met exactly: 0.70   target >= 0.7: met" in text
-    assert "far from it: 1.25   target >= 2: MISSED" in text  # two decimals where they do
+    assert "far from it: 1.25   target >= 2: MISSED" in text  # two decimals where they are enough
 
 
 def test_a_section_table_aligns_names_left_figures_right_and_notes_last():
