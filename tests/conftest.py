@@ -20,7 +20,7 @@ import tinylm.checkpoint
 from tinylm.config import project_root
 from tinylm.model import ModelConfig, TinyLM
 from tinylm.tokenizer import TokenizerConfig, train_tokenizer
-from tinylm.train import train
+from tinylm.train.trainer import train
 
 # The shared BPE learns from the shipped probe texts and a few stories, weighted so that the words
 # the tests pick out ("She", "laughed", "Tom") are whole tokens at this vocabulary size.

@@ -15,7 +15,7 @@ from hydra import initialize_config_dir
 
 from tinylm.checkpoint import save_checkpoint
 from tinylm.config import config_dir
-from tinylm.train_config import RunConfig
+from tinylm.train.run_config import RunConfig
 
 # A tiny model on a tiny corpus: a run of 30 steps takes about a second on a quiet core.
 TINY = ["data=text", "tokenizer.vocab_size=300", "model.n_layer=2", "model.n_head=2",

@@ -17,9 +17,9 @@ import torch
 from helpers import compose
 from omegaconf import OmegaConf
 
-from tinylm.bench import Ratio, Row, Section, Timing
-from tinylm.bench_runs import COMPETITORS, TrainRun, bench_load, endtoend_ratios, run_nanogpt
-from tinylm.bench_train import bench_train
+from tinylm.bench.sections import Ratio, Row, Section, Timing
+from tinylm.bench.runs import COMPETITORS, TrainRun, bench_load, endtoend_ratios, run_nanogpt
+from tinylm.bench.train import bench_train
 from tinylm.cli.bench import (
     SECTIONS,
     AttentionBenchConfig,
@@ -35,7 +35,7 @@ from tinylm.cli.bench import (
 )
 from tinylm.data import DataConfig
 from tinylm.model import ModelConfig
-from tinylm.optim import OptimConfig
+from tinylm.train.optim import OptimConfig
 from tinylm.tokenizer import TokenizerConfig
 
 STORY = ("Lily and Tom went to the park. She saw a big dog. It was happy.\n\n"
@@ -94,7 +94,7 @@ def test_every_section_writes_positive_finite_figures_to_json(tmp_path, monkeypa
     pytest.importorskip("transformers")  # the peers come from the bench extra
     # every row the train section has on a CPU with bf16 instructions (tiny models: emulated
     # bf16 is quick enough for them)
-    monkeypatch.setattr("tinylm.bench_train.has_fast_bf16", lambda device: True)
+    monkeypatch.setattr("tinylm.bench.train.has_fast_bf16", lambda device: True)
     printed = []
     report = run_bench(tiny_config(tmp_path), print_fn=printed.append)
 
@@ -190,8 +190,8 @@ def test_load_shares_are_taken_against_their_own_rounds_quiet_run(monkeypatch):
         return {"times_s": {"train, auto": [seconds[condition][round_ - 1]] * spec["repeats"]},
                 "auto": f"{round_} threads (round {round_})", "auto_threads": round_}
 
-    monkeypatch.setattr("tinylm.bench_runs.competitor", competitor)
-    monkeypatch.setattr("tinylm.bench_runs.run_load_worker", worker)
+    monkeypatch.setattr("tinylm.bench.runs.competitor", competitor)
+    monkeypatch.setattr("tinylm.bench.runs.run_load_worker", worker)
     model = ModelConfig(vocab_size=16, block_size=4, n_layer=1, n_head=1, n_embd=4)
     section = bench_load(model, OptimConfig(), LoadBenchConfig(batch_size=1, steps_per_call=1,
                                                                settle_s=0.0, rounds=3),
@@ -237,7 +237,7 @@ def test_without_bf16_instructions_the_train_section_compiles_and_compares_in_fp
     it would take minutes and compare a setting nobody trains in: fp32 only, and the note says
     why."""
     pytest.importorskip("transformers")
-    monkeypatch.setattr("tinylm.bench_train.has_fast_bf16", lambda device: False)
+    monkeypatch.setattr("tinylm.bench.train.has_fast_bf16", lambda device: False)
     monkeypatch.setattr(torch, "compile", lambda model: model)  # which rows, not inductor
     cfg = tiny_config(tmp_path)
     section = bench_train(cfg.model, cfg.optim, cfg.train, Timing(1, 0))

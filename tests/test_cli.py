@@ -184,7 +184,7 @@ def test_training_starts_with_the_collector_off_and_trains_with_it_on(monkeypatc
 
     build_run_config = tinylm.cli.train.build_run_config
     monkeypatch.setattr(tinylm.cli.train, "build_run_config", check)
-    monkeypatch.setattr(tinylm.train, "train", stop_before_training)
+    monkeypatch.setattr(tinylm.train.trainer, "train", stop_before_training)
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(sys, "argv", ["tinylm-train", "hydra.run.dir=run"])
     try:

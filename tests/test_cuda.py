@@ -19,8 +19,8 @@ from tinylm.device import resolve_device
 from tinylm.dropout import dropout
 from tinylm.generate import generate
 from tinylm.loss import lm_head_cross_entropy
-from tinylm.runtime import resolve_precision
-from tinylm.train import train
+from tinylm.train.runtime import resolve_precision
+from tinylm.train.trainer import train
 
 pytestmark = pytest.mark.cuda
 

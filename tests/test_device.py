@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from tinylm.device import has_fast_bf16, resolve_device
-from tinylm.runtime import resolve_precision
+from tinylm.train.runtime import resolve_precision
 
 CPU = torch.device("cpu")
 

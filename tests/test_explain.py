@@ -17,8 +17,8 @@ from tinylm.attention import MultiHeadAttention
 from tinylm.checkpoint import save_checkpoint
 from tinylm.cli.explain import ExplainConfig, explain
 from tinylm.config import to_dataclass
-from tinylm.explain import explain_model_head
-from tinylm.inspection import example_attention, model_head_steps, multi_head_walk
+from tinylm.inspection.walkthrough import explain_model_head
+from tinylm.inspection.capture import example_attention, model_head_steps, multi_head_walk
 from tinylm.model import ModelConfig
 
 ROOT = Path(__file__).resolve().parents[1]

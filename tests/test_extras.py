@@ -13,14 +13,14 @@ from helpers import causal_weights
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from torch.utils.tensorboard import SummaryWriter
 
-import tinylm.plots
-from tinylm.extras import (
+import tinylm.inspection.figures
+from tinylm.train.figure_process import (
     Extras,
     attention_grid_summaries,
     image_summary,
     lay_out_attention_grid,
 )
-from tinylm.plots import attention_grid_figure, figure_to_image
+from tinylm.inspection.figures import attention_grid_figure, figure_to_image
 
 TOKENS = ["Lily", " went", " home", ".", " She"]
 
@@ -79,8 +79,8 @@ def test_a_helper_started_early_lays_the_grid_out_and_draws_what_a_fresh_figure_
 
 def test_the_warm_up_is_the_first_draws_layout(monkeypatch):
     laid_out = []
-    lay_out = tinylm.plots.AttentionGridImages._lay_out
-    monkeypatch.setattr(tinylm.plots.AttentionGridImages, "_lay_out",
+    lay_out = tinylm.inspection.figures.AttentionGridImages._lay_out
+    monkeypatch.setattr(tinylm.inspection.figures.AttentionGridImages, "_lay_out",
                         lambda self, *args: (laid_out.append(tuple(self.tokens)),
                                              lay_out(self, *args)))
     tokens = ["Tom", " saw", " it", "."]  # a token list no other test lays out in this process
@@ -127,7 +127,7 @@ def test_an_extra_that_fails_raises_in_the_training_process(tmp_path):
 
 def test_figures_are_still_drawn_when_the_helper_process_cannot_run(tmp_path, monkeypatch, caplog):
     # what a script that calls train() without `if __name__ == "__main__":` meets
-    monkeypatch.setattr("tinylm.extras._start_helper", _helper_that_dies)
+    monkeypatch.setattr("tinylm.train.figure_process._start_helper", _helper_that_dies)
     extras = Extras("process")
     with SummaryWriter(tmp_path) as writer:
         extras.submit(5, attention_grid_summaries, weights(0), TOKENS)
@@ -140,7 +140,7 @@ def test_figures_are_still_drawn_when_the_helper_process_cannot_run(tmp_path, mo
 
 def test_figures_are_drawn_here_when_the_helper_stopped_before_the_first_one(tmp_path, monkeypatch,
                                                                             caplog):
-    monkeypatch.setattr("tinylm.extras._start_helper", _helper_that_dies)
+    monkeypatch.setattr("tinylm.train.figure_process._start_helper", _helper_that_dies)
     extras = Extras("process")
     with pytest.raises(BrokenProcessPool):
         extras.start().result(timeout=60)
@@ -168,7 +168,7 @@ from types import SimpleNamespace
 
 from tensorboard.compat.proto.summary_pb2 import Summary
 
-from tinylm.extras import Extras
+from tinylm.train.figure_process import Extras
 
 
 def helper_pid(step):

@@ -24,12 +24,12 @@ from tinylm.cli.generate import GenerateConfig, run_generate
 from tinylm.cli.probe import ProbeConfig, run_probe
 from tinylm.data import check_enough_tokens
 from tinylm.generate import generate
-from tinylm.probe_items import ProbeFileError, load_probe_file
-from tinylm.resume import TRAINER_STATE_KEYS, load_trainer_state
-from tinylm.runtime import StoppedAgain
+from tinylm.inspection.probe_items import ProbeFileError, load_probe_file
+from tinylm.train.resume import TRAINER_STATE_KEYS, load_trainer_state
+from tinylm.train.runtime import StoppedAgain
 from tinylm.sources import resolve_files
 from tinylm.tokenizer import CharTokenizer, load_tokenizer
-from tinylm.train import Trainer, TrainingDiverged, train
+from tinylm.train.trainer import Trainer, TrainingDiverged, train
 
 TEXT = "Lily saw a cat. She was happy. Tom saw a dog. He was sad."
 

@@ -1,4 +1,4 @@
-"""Behaviour of tinylm.inspection and tinylm.inspection_output: attention capture, word-level
+"""Behaviour of tinylm.inspection.capture and tinylm.inspection.report: attention capture, word-level
 aggregation, pronouns, outputs."""
 
 import json
@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from tinylm.inspection import (
+from tinylm.inspection.capture import (
     PRONOUNS,
     AttentionCapture,
     capture_attention,
@@ -20,7 +20,7 @@ from tinylm.inspection import (
     word_at,
     word_level,
 )
-from tinylm.inspection_output import inspect_texts, pronoun_summary
+from tinylm.inspection.report import inspect_texts, pronoun_summary
 from tinylm.tokenizer import CharTokenizer
 
 TEXT = "Lily and Tom went to the park. She saw a big dog. It was happy."

@@ -3,8 +3,8 @@
 import pytest
 import torch
 
-from tinylm.muon import MuonWithAdamW, ShapeBatchedMuon, directly, newton_schulz, through_gram
-from tinylm.optim import OptimConfig, configure_optimizer, lr_at
+from tinylm.train.muon import MuonWithAdamW, ShapeBatchedMuon, directly, newton_schulz, through_gram
+from tinylm.train.optim import OptimConfig, configure_optimizer, lr_at
 
 MUON_QUINTIC = (3.4445, -4.7750, 2.0315)  # torch.optim.Muon's default coefficients
 
@@ -115,7 +115,7 @@ def muon_weights_after_steps(ns_dtype: torch.dtype | None, steps: int = 3) -> li
 def test_muon_iterates_in_bf16_only_where_the_hardware_has_it(monkeypatch, fast_bf16):
     """ns_dtype=None (what configure_optimizer builds): bf16 as torch does where bf16 is fast,
     fp32 where it is emulated (~80x slower than fp32 on an AVX2-only CPU)."""
-    monkeypatch.setattr("tinylm.muon.has_fast_bf16", lambda device: fast_bf16)
+    monkeypatch.setattr("tinylm.train.muon.has_fast_bf16", lambda device: fast_bf16)
     chosen = muon_weights_after_steps(ns_dtype=None)
     expected = muon_weights_after_steps(torch.bfloat16 if fast_bf16 else torch.float32)
     other = muon_weights_after_steps(torch.float32 if fast_bf16 else torch.bfloat16)
@@ -168,7 +168,7 @@ def test_only_wide_fp32_matrices_take_the_gram_route(monkeypatch, dtype, shape, 
         calls.append(x.shape)
         return through_gram(x, coefficients, steps)
 
-    monkeypatch.setattr("tinylm.muon.through_gram", spy)
+    monkeypatch.setattr("tinylm.train.muon.through_gram", spy)
     torch.manual_seed(0)
     update = torch.randn(shape)
     (orthogonal,) = newton_schulz([update], MUON_QUINTIC, 5, 1e-7, dtype)

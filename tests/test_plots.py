@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 from helpers import causal_weights
 
-from tinylm.plots import (
+from tinylm.inspection.figures import (
     AttentionGridImages,
     attention_grid_figure,
     figure_to_image,

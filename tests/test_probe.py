@@ -1,4 +1,4 @@
-"""Behaviour of tinylm.probe: head scoring, baselines, agreement margins, ablation, the probe files,
+"""Behaviour of tinylm.inspection.probe: head scoring, baselines, agreement margins, ablation, the probe files,
 bad input and the tinylm-probe command."""
 
 import dataclasses
@@ -16,10 +16,10 @@ from torch import nn
 
 from tinylm.cli.probe import ProbeConfig, format_report, run_probe
 from tinylm.config import project_root, to_dataclass
-from tinylm.deciding import evidence, prediction_match
-from tinylm.inspection import NAMES, find_words
+from tinylm.inspection.deciding import evidence, prediction_match
+from tinylm.inspection.capture import NAMES, find_words
 from tinylm.model import LMOutput, TinyLM
-from tinylm.probe import (
+from tinylm.inspection.probe import (
     ablate_heads,
     agreement_margins,
     attention_to_mentions,
@@ -30,7 +30,7 @@ from tinylm.probe import (
     probe,
     word_log_probs,
 )
-from tinylm.probe_items import (
+from tinylm.inspection.probe_items import (
     EncodedAgreementItem,
     EncodedAttentionItem,
     ProbeFileError,

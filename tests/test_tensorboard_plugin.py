@@ -24,19 +24,19 @@ from torch.utils.tensorboard import SummaryWriter
 from werkzeug.test import Client
 
 from tinylm.cli.probe import ProbeConfig, run_probe
-from tinylm.inspection import (
+from tinylm.inspection.capture import (
     AttentionCapture,
     capture_attention,
     find_words,
     read_pronouns,
     word_level,
 )
-from tinylm.inspection_output import inspect_texts
-from tinylm.tensorboard_plugin import PLUGIN_NAME
-from tinylm.tensorboard_plugin.plugin import HOW_TO_MAKE_DATA, AttentionPlugin
-from tinylm.tensorboard_plugin.summary import attention_summary, step_tag, write_attention
+from tinylm.inspection.report import inspect_texts
+from tinylm.inspection.tensorboard_plugin import PLUGIN_NAME
+from tinylm.inspection.tensorboard_plugin.plugin import HOW_TO_MAKE_DATA, AttentionPlugin
+from tinylm.inspection.tensorboard_plugin.summary import attention_summary, step_tag, write_attention
 from tinylm.tokenizer import CharTokenizer
-from tinylm.train import train
+from tinylm.train.trainer import train
 
 ROUTE = f"/data/plugin/{PLUGIN_NAME}"
 STORY = ("Lily and Tom went to the park. She saw a big red ball. Tom ran to it and he "

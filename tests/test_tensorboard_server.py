@@ -9,7 +9,7 @@ import urllib.request
 import pytest
 from helpers import STARTUP_TIMEOUT_S, tensorboard_server
 
-from tinylm.inspection_output import inspect_texts
+from tinylm.inspection.report import inspect_texts
 from tinylm.tokenizer import CharTokenizer
 
 

@@ -7,10 +7,10 @@ import sys
 import pytest
 import torch
 
-import tinylm.threads
+import tinylm.train.threads
 from tinylm.cli.generate import GenerateConfig
 from tinylm.config import ConfigError
-from tinylm.threads import (
+from tinylm.train.threads import (
     CpuUse,
     apply_threads,
     busy_cpus,
@@ -18,7 +18,7 @@ from tinylm.threads import (
     usable_cpus,
     wait_passively_if_cores_full,
 )
-from tinylm.train_config import TrainConfig
+from tinylm.train.run_config import TrainConfig
 
 
 @pytest.fixture
@@ -26,7 +26,7 @@ def machine(monkeypatch):
     """Set the affinity (a set of CPU ids) and the busy cores the next choice sees."""
     def set_machine(cpus, busy):
         monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(cpus), raising=False)
-        monkeypatch.setattr(tinylm.threads, "busy_cpus",
+        monkeypatch.setattr(tinylm.train.threads, "busy_cpus",
                             lambda cpus, since=None: None if busy is None else (busy, "test"))
     monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
     return set_machine
@@ -72,7 +72,7 @@ def test_under_torchrun_each_process_takes_its_share(machine, monkeypatch):
 
 def test_unknown_load_takes_the_share(machine):
     machine(range(2), None)
-    assert choose_threads("auto") == tinylm.threads.ThreadChoice(2, "auto: 2 usable cores, "
+    assert choose_threads("auto") == tinylm.train.threads.ThreadChoice(2, "auto: 2 usable cores, "
                                                                  "load unknown")
 
 
@@ -131,7 +131,7 @@ def test_a_team_with_cores_free_says_when_its_threads_sleep_while_they_wait(
 
 
 @pytest.mark.parametrize(("threads", "policy", "reason"), [
-    (2, "passive", "set, " + tinylm.threads.PASSIVE_TEAM),  # chosen at start-up, unasked
+    (2, "passive", "set, " + tinylm.train.threads.PASSIVE_TEAM),  # chosen at start-up, unasked
     (2, None, "set"),
     (1, "passive", "set"),  # one thread: no team to wait for
 ])
@@ -139,13 +139,13 @@ def test_an_explicit_count_says_when_its_threads_sleep_while_they_wait(
         machine, monkeypatch, threads, policy, reason):
     machine(range(2), 0.0)
     set_wait_policy(monkeypatch, policy)
-    assert choose_threads(threads) == tinylm.threads.ThreadChoice(threads, reason)
+    assert choose_threads(threads) == tinylm.train.threads.ThreadChoice(threads, reason)
 
 
 def use_of_cores(monkeypatch, cpus, use):
     """The affinity and the CpuUse that busy_cpus and wait_passively_if_cores_full see."""
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(cpus), raising=False)
-    monkeypatch.setattr(tinylm.threads, "cpu_use", lambda cpus, since=None: use)
+    monkeypatch.setattr(tinylm.train.threads, "cpu_use", lambda cpus, since=None: use)
 
 
 @pytest.mark.parametrize(("others", "own", "busy"), [
@@ -197,8 +197,8 @@ def test_once_torch_has_loaded_the_wait_policy_is_not_changed(monkeypatch):
 
 def test_tinylm_train_decides_the_wait_policy_before_it_imports_torch():
     script = (
-        "import sys\nimport tinylm.threads\ncalls = []\n"
-        "tinylm.threads.wait_passively_if_cores_full = "
+        "import sys\nimport tinylm.train.threads\ncalls = []\n"
+        "tinylm.train.threads.wait_passively_if_cores_full = "
         "lambda since=None: calls.append('torch' in sys.modules)\n"
         "from tinylm.cli.train import main\nsys.argv = ['tinylm-train', '--cfg', 'job']\n"
         "main()\nprint('calls', calls, 'torch' in sys.modules)\n")

@@ -20,19 +20,19 @@ from helpers import TINY, TRAINED_RUN, compose, run_cli, run_config, torch_save_
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 import tinylm.checkpoint
-import tinylm.extras
+import tinylm.train.figure_process
 import tinylm.model
-import tinylm.threads
-import tinylm.train
+import tinylm.train.threads
+import tinylm.train.trainer
 from tinylm.checkpoint import load_checkpoint, resolve_checkpoint_dir
 from tinylm.cli.command_line import check_command_line
 from tinylm.cli.train import build_run_config
 from tinylm.config import ConfigError, config_dir, project_root
 from tinylm.data import BatchSampler, prepare_data
-from tinylm.optim import OptimConfig, configure_optimizer, lr_at
-from tinylm.runtime import TrainingInterrupted
-from tinylm.train import TrainingDiverged, train, validation_loss
-from tinylm.train_config import RunConfig
+from tinylm.train.optim import OptimConfig, configure_optimizer, lr_at
+from tinylm.train.runtime import TrainingInterrupted
+from tinylm.train.trainer import TrainingDiverged, train, validation_loss
+from tinylm.train.run_config import RunConfig
 
 
 def scalars(run_dir, tag):
@@ -133,7 +133,7 @@ def test_short_run_lowers_the_loss_and_writes_a_loadable_checkpoint(trained_run)
 def test_the_figure_helper_starts_laying_out_the_probe_prompt_before_the_optimizer_is_built(
         corpus, tmp_path, monkeypatch):
     calls = []
-    start, build = tinylm.extras.Extras.start, tinylm.train.configure_optimizer
+    start, build = tinylm.train.figure_process.Extras.start, tinylm.train.configure_optimizer
 
     def start_helper(self, warm_up=None, *args):
         calls.append(("helper", getattr(warm_up, "__name__", None), *args))
@@ -142,8 +142,8 @@ def test_the_figure_helper_starts_laying_out_the_probe_prompt_before_the_optimiz
     def build_optimizer(*args):
         calls.append(("optimizer",))
         return build(*args)
-    monkeypatch.setattr(tinylm.extras.Extras, "start", start_helper)
-    monkeypatch.setattr(tinylm.train, "configure_optimizer", build_optimizer)
+    monkeypatch.setattr(tinylm.train.figure_process.Extras, "start", start_helper)
+    monkeypatch.setattr(tinylm.train.trainer, "configure_optimizer", build_optimizer)
     run_dir = tmp_path / "run"
     train(run_config(corpus, run_dir, "train.max_steps=2", "train.probe_prompt='Tom saw Lily.'"))
     ckpt = load_checkpoint(run_dir)
@@ -248,9 +248,9 @@ def test_threads_auto_resumes_with_the_count_the_run_started_with(
 
     def auto(setting, since=None, team_when_full=False):
         chosen.append(chosen[-1] if chosen else 2)
-        return tinylm.threads.ThreadChoice(chosen[-1], "auto: test")
+        return tinylm.train.threads.ThreadChoice(chosen[-1], "auto: test")
 
-    monkeypatch.setattr(tinylm.threads, "choose_threads", auto)
+    monkeypatch.setattr(tinylm.train.threads, "choose_threads", auto)
     # wide enough that 1 and 2 threads give other losses in the last digits (at n_embd 32 not)
     overrides = ["train.threads=auto", "model.dropout=0.1", "train.max_steps=12",
                  "train.eval_interval=6", "train.checkpoint_interval=6", "model.n_embd=128",
@@ -276,7 +276,7 @@ def test_threads_auto_resumes_with_the_count_the_run_started_with(
 def test_training_takes_a_team_of_threads_that_sleep_beside_work_that_fills_the_cores(
         corpus, tmp_path, monkeypatch, caplog):
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)
-    monkeypatch.setattr(tinylm.threads, "busy_cpus", lambda cpus, since=None: (1.9, "test"))
+    monkeypatch.setattr(tinylm.train.threads, "busy_cpus", lambda cpus, since=None: (1.9, "test"))
     monkeypatch.setenv("OMP_WAIT_POLICY", "passive")  # as tinylm-train sets it before torch
     monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
     with caplog.at_level("INFO", logger="tinylm.train"):
@@ -301,7 +301,7 @@ def test_a_resume_with_another_explicit_thread_count_uses_it_and_says_so(
 def test_threads_auto_is_chosen_at_start_and_said_in_the_start_up_line(
         corpus, tmp_path, monkeypatch, caplog):
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1, 2}, raising=False)
-    monkeypatch.setattr(tinylm.threads, "busy_cpus", lambda cpus, since=None: (1.0, "test"))
+    monkeypatch.setattr(tinylm.train.threads, "busy_cpus", lambda cpus, since=None: (1.0, "test"))
     before = torch.get_num_threads()
     with caplog.at_level("INFO", logger="tinylm.train"):
         train(run_config(corpus, tmp_path / "run", "train.threads=auto", "train.max_steps=2"))

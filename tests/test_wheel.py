@@ -16,14 +16,14 @@ pytestmark = pytest.mark.slow
 COMPOSE = """
 from hydra import compose, initialize_config_dir
 import tinylm.config
-from tinylm.train_config import RunConfig
+from tinylm.train.run_config import RunConfig
 conf = tinylm.config.config_dir()
 with initialize_config_dir(config_dir=str(conf), version_base="1.3"):
     cfg = compose("config", ["experiment=shakespeare_char", "train.max_steps=7"])
 run = RunConfig.from_config(cfg, "x")
 print(conf, run.data.name, run.tokenizer.name, run.model.n_embd, run.train.max_steps)
 from tinylm.cli.probe import ProbeConfig, probe_files
-from tinylm.probe_items import load_probe_file
+from tinylm.inspection.probe_items import load_probe_file
 print(*(f"{path}:{len(load_probe_file(path))}" for path in probe_files(ProbeConfig())))
 """
 # The default run (TinyStories sample, BPE), made small enough for a test.

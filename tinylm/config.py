@@ -80,9 +80,9 @@ def schemas() -> dict[str, type]:
     from tinylm.cli.probe import ProbeConfig
     from tinylm.data import DataConfig
     from tinylm.model import ModelConfig
-    from tinylm.optim import OptimConfig
+    from tinylm.train.optim import OptimConfig
     from tinylm.tokenizer import TokenizerConfig
-    from tinylm.train_config import TrainConfig
+    from tinylm.train.run_config import TrainConfig
 
     return {"model/schema": ModelConfig, "data/schema": DataConfig,
             "tokenizer/schema": TokenizerConfig, "optim/schema": OptimConfig,

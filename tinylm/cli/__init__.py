@@ -17,7 +17,7 @@ import sys
 from collections.abc import Callable
 from typing import TypeVar
 
-import tinylm.threads  # noqa: F401  (threads=auto watches the cores' load from here on)
+import tinylm.train.threads  # noqa: F401  (threads=auto watches the cores' load from here on)
 
 T = TypeVar("T")
 

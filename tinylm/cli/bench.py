@@ -4,7 +4,7 @@
     tinylm-bench section=generate repeats=9 out=generate.json
     (options: conf/bench.yaml; docs/benchmarks.md; the peers: pip install -e ".[bench]")
 
-The sections measure (tinylm.bench, tinylm.bench_train, tinylm.bench_runs); here they are
+The sections measure (tinylm.bench.sections, tinylm.bench.train, tinylm.bench.runs); here they are
 chosen, their tables printed as each finishes, and the report written.
 """
 
@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from tinylm.bench import (
+from tinylm.bench.sections import (
     Ratio,
     Section,
     Timing,
@@ -28,14 +28,14 @@ from tinylm.bench import (
     bench_inspect,
     machine,
 )
-from tinylm.bench_runs import bench_endtoend, bench_load, nanogpt_option
-from tinylm.bench_train import bench_train
+from tinylm.bench.runs import bench_endtoend, bench_load, nanogpt_option
+from tinylm.bench.train import bench_train
 from tinylm.cli.command_line import console_entry, without_hydra
 from tinylm.config import integer, one_of, to_dataclass
 from tinylm.data import DataConfig
 from tinylm.files import write_json_atomic
 from tinylm.model import ModelConfig
-from tinylm.optim import OPTIMIZERS, OptimConfig
+from tinylm.train.optim import OPTIMIZERS, OptimConfig
 from tinylm.tables import columns
 from tinylm.tokenizer import TokenizerConfig
 

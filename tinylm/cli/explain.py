@@ -9,7 +9,7 @@
     tinylm-explain png=attention.png logdir=runs/explain   # the steps as heatmaps too
 
 This module reads the command's inputs (the command line, a qkv file, a checkpoint), picks the
-mode, prints the walkthrough that tinylm.explain writes and saves the figures.
+mode, prints the walkthrough that tinylm.inspection.walkthrough writes and saves the figures.
 """
 
 from __future__ import annotations
@@ -28,8 +28,8 @@ import yaml  # JSON is YAML, so one reader serves both
 from tinylm.checkpoint import load_checkpoint
 from tinylm.cli.command_line import checked_config, console_entry
 from tinylm.config import flag, integer
-from tinylm.explain import Explanation, explain_model_head, explain_multi_head, explain_qkv
-from tinylm.threads import apply_threads, check_threads_setting, start_sample
+from tinylm.inspection.walkthrough import Explanation, explain_model_head, explain_multi_head, explain_qkv
+from tinylm.train.threads import apply_threads, check_threads_setting, start_sample
 
 # The worked example of docs/attention.md: 3 tokens, d = 2, Q = K.
 EXAMPLE_Q = [[1.0, 0.0], [0.0, 1.0], [1.0, 1.0]]
@@ -59,7 +59,7 @@ class ExplainConfig:
     digits: int = 4  # decimals shown
     png: str | None = None  # write the scores/weights heatmaps here
     logdir: str | None = None  # ... and/or to TensorBoard in this directory
-    threads: int | str = "auto"  # checkpoint mode: torch intra-op threads (tinylm/threads.py)
+    threads: int | str = "auto"  # checkpoint mode: torch intra-op threads (tinylm/train/threads.py)
 
     def __post_init__(self):
         for name, low in (("digits", 0), ("top", 1), ("layer", 0), ("head", 0)):
@@ -198,7 +198,7 @@ def _explain_checkpoint(cfg: ExplainConfig) -> Explanation:
 def write_figures(explanation: Explanation, png: str | None, logdir: str | None) -> list[str]:
     """Write the heatmaps as a PNG and/or to TensorBoard; returns lines saying where."""
     # imported here, not at the top: only runs that ask for figures wait for matplotlib
-    from tinylm.plots import save_figure, steps_figure
+    from tinylm.inspection.figures import save_figure, steps_figure
 
     fig = steps_figure(explanation.panels, f"tinylm-explain: {explanation.title}")
     written = []

@@ -29,7 +29,7 @@ from tinylm.config import (
 )
 from tinylm.device import resolve_device
 from tinylm.generate import MIN_TEMPERATURE, StreamDecoder, encode_prompt, generate
-from tinylm.threads import apply_threads, check_threads_setting, start_sample
+from tinylm.train.threads import apply_threads, check_threads_setting, start_sample
 
 
 @dataclass
@@ -146,7 +146,7 @@ def run_generate(cfg: GenerateConfig, out=None) -> list[str]:
 
     if cfg.inspect:
         # deliberately lazy: matplotlib and TensorBoard's writer cost a plain generate ~1 s
-        from tinylm.inspection_output import inspect_texts
+        from tinylm.inspection.report import inspect_texts
 
         logdir = Path(cfg.logdir) if cfg.logdir else default_logdir(ckpt.directory)
         # the prompt as the user wrote it (an empty prompt's <|endoftext|> is not text)

@@ -2,10 +2,10 @@
 
     tinylm-probe checkpoint=<run dir>                       # data/probes/pronouns + agreement
     tinylm-probe checkpoint=<run dir> probe_file=data/probes/agreement.jsonl ablate=true
-    (options: conf/probe.yaml; the file format: tinylm/probe_items.py; the scores: tinylm/probe.py)
+    (options: conf/probe.yaml; the file format: tinylm/inspection/probe_items.py; the scores: tinylm/inspection/probe.py)
 
 Output: a console summary; a JSON report (`out`, default <logdir>/probe.json) with the fields of
-tinylm.probe.probe's report, plus `checkpoint`, `probe_files` and `logdir`; layer x head heatmaps
+tinylm.inspection.probe.probe's report, plus `checkpoint`, `probe_files` and `logdir`; layer x head heatmaps
 in TensorBoard (`logdir`, default <run dir>/probe/<timestamp>), also saved as PNG. Nothing is
 written until everything is computed.
 """
@@ -20,16 +20,16 @@ from typing import Any
 
 import numpy as np
 
-from tinylm import deciding
+from tinylm.inspection import deciding
 from tinylm.checkpoint import default_logdir, load_checkpoint
 from tinylm.cli.command_line import checked_config, console_entry
 from tinylm.config import flag, integer, one_of
 from tinylm.device import resolve_device
 from tinylm.files import write_json_atomic
-from tinylm.probe import ABLATION, probe
-from tinylm.probe_items import SHIPPED_PROBES, load_probe_file, shipped_probe
+from tinylm.inspection.probe import ABLATION, probe
+from tinylm.inspection.probe_items import SHIPPED_PROBES, load_probe_file, shipped_probe
 from tinylm.tables import columns
-from tinylm.threads import apply_threads, check_threads_setting, start_sample
+from tinylm.train.threads import apply_threads, check_threads_setting, start_sample
 
 
 @dataclass
@@ -125,7 +125,7 @@ def write_tensorboard(report: dict, logdir: Path, n_layer: int, n_head: int,
     # option or a bad probe line answer without waiting for them
     from torch.utils.tensorboard import SummaryWriter
 
-    from tinylm.plots import layer_head_heatmap, log_figure
+    from tinylm.inspection.figures import layer_head_heatmap, log_figure
 
     figures = {}  # TensorBoard tag -> figure, also written as <logdir>/<tag>.png
     if report["heads"]:

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING
 
 from tinylm.cli import print_what_stdout_can, run_or_exit
 from tinylm.config import config_dir
-from tinylm.threads import wait_passively_if_cores_full
+from tinylm.train.threads import wait_passively_if_cores_full
 
 if TYPE_CHECKING:
     from omegaconf import DictConfig
@@ -41,7 +41,7 @@ def _share_run_dir_across_ranks(cfg: DictConfig) -> None:
     second between ranks), and keep logs and .hydra/ to rank 0."""
     import torch.distributed as dist  # lazy
 
-    from tinylm.runtime import init_distributed
+    from tinylm.train.runtime import init_distributed
 
     rank, _, world_size = init_distributed()
     if world_size == 1:
@@ -59,10 +59,10 @@ def _train(cfg: DictConfig) -> float | None:
     from hydra.core.hydra_config import HydraConfig  # lazy
 
     from tinylm.checkpoint import CheckpointNotWritten
-    from tinylm.runtime import TrainingInterrupted
+    from tinylm.train.runtime import TrainingInterrupted
     from tinylm.sources import HubError
-    from tinylm.train import TrainingDiverged, train
-    from tinylm.train_config import RunConfig
+    from tinylm.train.trainer import TrainingDiverged, train
+    from tinylm.train.run_config import RunConfig
 
     if not gc.isenabled():  # the first run of this command: its start-up ends here (see main)
         gc.freeze()
@@ -106,7 +106,7 @@ def _print_next_steps(metrics: dict, run_cfg) -> None:
 def build_run_config(cfg: DictConfig) -> None:
     """Every dataclass of a run from the composed config: checks every value."""
     from tinylm.cli.command_line import without_hydra  # lazy
-    from tinylm.train_config import RunConfig
+    from tinylm.train.run_config import RunConfig
 
     RunConfig.from_config(without_hydra(cfg), ".")
 

@@ -4,11 +4,11 @@ and one head's attention recomputed step by step, for tinylm-explain.
 Run it through generation (`tinylm-generate checkpoint=<run> prompt="..." inspect=true`) or call
 it directly:
 
-    from tinylm.inspection import capture_attention, read_pronouns
+    from tinylm.inspection.capture import capture_attention, read_pronouns
     capture = capture_attention(model, tokenizer, "Lily and Tom went to the park. She")
     capture.weights.shape            # (n_layer, n_head, T, T), each row sums to 1
     read_pronouns(capture)           # every head's most-attended earlier words, per pronoun
-    # TensorBoard, PNG, .npz and the pronoun tables: tinylm.inspection_output.inspect_texts
+    # TensorBoard, PNG, .npz and the pronoun tables: tinylm.inspection.report.inspect_texts
 
 Tokens are mapped to words through the tokenizer's character offsets. Word-level attention *to*
 a word sums the weights of its sub-word tokens (the share of attention the word gets); attention

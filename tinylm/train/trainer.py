@@ -10,16 +10,16 @@ From the command line (Hydra composes conf/; see tinylm/cli/train.py):
 
 From Python, without Hydra:
 
-    from tinylm.train import train
-    from tinylm.train_config import RunConfig, TrainConfig
+    from tinylm.train.trainer import train
+    from tinylm.train.run_config import RunConfig, TrainConfig
     metrics = train(RunConfig(run_dir="runs/mine", train=TrainConfig(max_steps=100)))
 
 A run directory holds checkpoints/ (see tinylm/checkpoint.py) and tensorboard/ (scalars, samples,
 attention maps, hyperparameters). On CPU a run stopped and resumed reaches bit for bit the
 weights and losses of the same run uninterrupted: everything random is saved with the checkpoint
-(tinylm/resume.py). Beside it: the configs (tinylm/train_config.py), the optimizer and its
-schedule (tinylm/optim.py), torchrun, precision and signals (tinylm/runtime.py), TensorBoard
-(tinylm/train_logs.py).
+(tinylm/train/resume.py). Beside it: the configs (tinylm/train/run_config.py), the optimizer and its
+schedule (tinylm/train/optim.py), torchrun, precision and signals (tinylm/train/runtime.py), TensorBoard
+(tinylm/train/logs.py).
 """
 
 from __future__ import annotations
@@ -53,9 +53,9 @@ from tinylm.config import ConfigError, bad
 from tinylm.data import BatchSampler, check_enough_tokens, prepare_data
 from tinylm.device import resolve_device
 from tinylm.model import TinyLM
-from tinylm.optim import configure_optimizer, lr_at
-from tinylm.resume import RankState, checkpoint_to_resume, restore, resumed_threads, trainer_state
-from tinylm.runtime import (
+from tinylm.train.optim import configure_optimizer, lr_at
+from tinylm.train.resume import RankState, checkpoint_to_resume, restore, resumed_threads, trainer_state
+from tinylm.train.runtime import (
     StopSignals,
     TrainingInterrupted,
     all_reduce,
@@ -65,9 +65,9 @@ from tinylm.runtime import (
     matmul_peak_flops,
     resolve_precision,
 )
-from tinylm.threads import apply_threads, start_sample
-from tinylm.train_config import RunConfig, TrainConfig
-from tinylm.train_logs import TrainingLogs, start_figures
+from tinylm.train.threads import apply_threads, start_sample
+from tinylm.train.run_config import RunConfig, TrainConfig
+from tinylm.train.logs import TrainingLogs, start_figures
 
 log = logging.getLogger(__name__)
 

@@ -1,6 +1,6 @@
 """What the attention tab reads: one summary per inspected text, tagged `tinylm_attention`.
 
-    from tinylm.tensorboard_plugin.summary import write_attention
+    from tinylm.inspection.tensorboard_plugin.summary import write_attention
     write_attention(writer, "probe_prompt", capture, step)  # writer: torch SummaryWriter
 
 The tensor is the capture's weights as float16, shape (n_layer, n_head, T, T); the summary
@@ -16,8 +16,8 @@ import json
 
 from tensorboard.compat.proto import summary_pb2, tensor_pb2, tensor_shape_pb2, types_pb2
 
-from tinylm.inspection import PRONOUNS, AttentionCapture, is_name
-from tinylm.tensorboard_plugin import PLUGIN_NAME
+from tinylm.inspection.capture import PRONOUNS, AttentionCapture, is_name
+from tinylm.inspection.tensorboard_plugin import PLUGIN_NAME
 
 FORMAT_VERSION = 1  # bumped when the content's meaning changes; the tab names older data
 

@@ -1,7 +1,7 @@
 """The configuration of a training run: TrainConfig (the loop, evaluation, logging, checkpoints;
 conf/train/) and RunConfig (every group together, and where the run writes).
 
-    from tinylm.train_config import RunConfig, TrainConfig
+    from tinylm.train.run_config import RunConfig, TrainConfig
     cfg = RunConfig(run_dir="runs/mine", train=TrainConfig(max_steps=100))
     cfg = RunConfig.from_config(composed, run_dir)     # from a Hydra composition or a dict
 """
@@ -18,9 +18,9 @@ from omegaconf import DictConfig, OmegaConf
 from tinylm.config import ConfigError, bad, flag, integer, one_of, to_dataclass
 from tinylm.data import DataConfig
 from tinylm.model import ModelConfig
-from tinylm.optim import OptimConfig
-from tinylm.runtime import PRECISIONS
-from tinylm.threads import check_threads_setting
+from tinylm.train.optim import OptimConfig
+from tinylm.train.runtime import PRECISIONS
+from tinylm.train.threads import check_threads_setting
 from tinylm.tokenizer import TokenizerConfig
 
 

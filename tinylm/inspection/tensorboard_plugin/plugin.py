@@ -25,8 +25,8 @@ from tensorboard.data import provider
 from tensorboard.plugins import base_plugin
 from werkzeug import wrappers
 
-from tinylm.tensorboard_plugin import PLUGIN_NAME
-from tinylm.tensorboard_plugin.summary import FORMAT_VERSION
+from tinylm.inspection.tensorboard_plugin import PLUGIN_NAME
+from tinylm.inspection.tensorboard_plugin.summary import FORMAT_VERSION
 
 STATIC = Path(__file__).parent / "static"
 STATIC_FILES = {"/index.js": "text/javascript", "/style.css": "text/css"}

@@ -4,7 +4,7 @@ Where each number comes from:
 - tinylm.attention computes the attention itself: `attention_steps` (scores, scaling, mask, row
   max, exponentials, weights, output), `unshifted_exps` (the exponentials without the max
   subtracted) and `value_terms` (each key's weight·value term of an output);
-- tinylm.inspection runs a MultiHeadAttention stage by stage (`multi_head_walk`) and recomputes
+- tinylm.inspection.capture runs a MultiHeadAttention stage by stage (`multi_head_walk`) and recomputes
   one head of a trained TinyLM (`model_head_steps`);
 - this module arranges and labels those numbers. The only arithmetic here is bookkeeping on them:
   the row sums of the weights, the share that a shortened row leaves out (1 - the weights shown),
@@ -27,7 +27,7 @@ from typing import NamedTuple
 import torch
 
 from tinylm.attention import AttentionSteps, attention_steps, unshifted_exps, value_terms
-from tinylm.inspection import example_attention, model_head_steps, multi_head_walk
+from tinylm.inspection.capture import example_attention, model_head_steps, multi_head_walk
 from tinylm.tables import MAX_WIDTH, paragraph, side_by_side, table, vector
 
 # ----------------------------------------------------------------------------- inputs

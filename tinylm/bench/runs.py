@@ -7,7 +7,7 @@ shakespeare_char run end to end as a user starts it.
                                      # the evaluation extras, in a subprocess
     tinylm-bench section=endtoend endtoend.nanogpt=../nanoGPT   # and nanoGPT's command after it
 
-Both return a `Section` like the others in tinylm/bench.py.
+Both return a `Section` like the others in tinylm/bench/sections.py.
 """
 
 from __future__ import annotations
@@ -30,12 +30,12 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from tinylm.bench import Ratio, Row, Section, Timing
-from tinylm.bench_train import training_step
+from tinylm.bench.sections import Ratio, Row, Section, Timing
+from tinylm.bench.train import training_step
 from tinylm.generate import generate
 from tinylm.model import ModelConfig, TinyLM
-from tinylm.optim import OptimConfig
-from tinylm.runtime import resolve_precision
+from tinylm.train.optim import OptimConfig
+from tinylm.train.runtime import resolve_precision
 
 if TYPE_CHECKING:  # the command's configs; importing them at run time would be circular
     from tinylm.cli.bench import EndToEndBenchConfig, LoadBenchConfig
@@ -53,12 +53,12 @@ COMPETITORS = {
 
 # How OpenMP's threads wait is read once, when torch loads, so each way of starting is a process
 # of its own: "plain" as PyTorch starts by itself (and as tinylm-generate does), "tinylm-train"
-# as the training command does, which may have the threads wait passively (tinylm/threads.py).
-# Importing tinylm.threads first takes the sample of the cores that the commands take.
+# as the training command does, which may have the threads wait passively (tinylm/train/threads.py).
+# Importing tinylm.train.threads first takes the sample of the cores that the commands take.
 LOAD_WORKER = (
-    "import json, sys\nimport tinylm.threads\n"
-    "if sys.argv[1] == 'tinylm-train':\n    tinylm.threads.wait_passively_if_cores_full()\n"
-    "from tinylm.bench_runs import load_worker\n"
+    "import json, sys\nimport tinylm.train.threads\n"
+    "if sys.argv[1] == 'tinylm-train':\n    tinylm.train.threads.wait_passively_if_cores_full()\n"
+    "from tinylm.bench.runs import load_worker\n"
     "print(json.dumps(load_worker(sys.argv[1], json.loads(sys.argv[2]))))\n")
 
 # set by the commands or a user's shell (how OpenMP's threads wait, how many there are);
@@ -93,7 +93,7 @@ def load_worker(start: str, spec: dict) -> dict:
     plain: training and decoding with spec["fixed_threads"], decoding with generate's `auto`;
     tinylm-train: training with the training command's `auto`. Returns the seconds of every
     timed call by candidate, and what auto chose and why."""
-    from tinylm.threads import apply_threads, start_sample
+    from tinylm.train.threads import apply_threads, start_sample
 
     since = start_sample()
     model_cfg, B = ModelConfig(**spec["model"]), spec["batch_size"]

@@ -1,5 +1,5 @@
 """Probe files: one JSONL format, one item per line, read and checked line by line, then
-tokenized for the scoring in tinylm.probe.
+tokenized for the scoring in tinylm.inspection.probe.
 
 Two kinds of item (a file may mix them; other fields are ignored). Character offsets point at the
 first character of a word.
@@ -9,7 +9,7 @@ first character of a word.
 - agreement item, one character before the pronoun:
   {"text", "pronoun_char", "antecedent_chars": [...], "wrong_pronoun"}
   (A wrong_pronoun on an attention item is optional: with two characters before it, either
-  pronoun could be right. It serves the deciding position's prediction match in tinylm.probe.)
+  pronoun could be right. It serves the deciding position's prediction match in tinylm.inspection.probe.)
 
 A line that cannot be used raises ProbeFileError naming its file and line.
 """
@@ -24,7 +24,7 @@ from pathlib import Path
 import torch
 
 from tinylm.config import shipped_dir
-from tinylm.inspection import PRONOUNS, find_words, token_word_index, word_at
+from tinylm.inspection.capture import PRONOUNS, find_words, token_word_index, word_at
 
 SHIPPED_PROBES = ("pronouns.jsonl", "agreement.jsonl")  # in data/probes/ (a wheel: tinylm/probes/)
 WORD_CHAR = re.compile(r"\w")

@@ -1,7 +1,7 @@
 """Where a causal model decides the pronoun: per-head scores at the token before it.
 
 In a causal LM the pronoun is chosen at the position just before it (its logits predict the
-pronoun), so that is where a name's gender has to arrive. tinylm.probe reads every head's
+pronoun), so that is where a name's gender has to arrive. tinylm.inspection.probe reads every head's
 attention there ("deciding") beside the attention from the pronoun itself ("resolving"), and this
 module turns those readings into the report:
 

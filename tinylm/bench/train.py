@@ -4,7 +4,7 @@ rates that give their MFU.
 
     tinylm-bench section=train train.batch_size=32
 
-`training_step` is also the load section's step (tinylm.bench_runs).
+`training_step` is also the load section's step (tinylm.bench.runs).
 """
 
 from __future__ import annotations
@@ -16,10 +16,10 @@ from typing import TYPE_CHECKING
 import torch
 from torch import nn
 
-from tinylm.bench import Ratio, Row, Section, Timing, gpt2_like
+from tinylm.bench.sections import Ratio, Row, Section, Timing, gpt2_like
 from tinylm.device import has_fast_bf16
 from tinylm.model import ModelConfig, TinyLM
-from tinylm.optim import OptimConfig, configure_optimizer
+from tinylm.train.optim import OptimConfig, configure_optimizer
 
 if TYPE_CHECKING:  # the command's config; importing it at run time would be circular
     from tinylm.cli.bench import TrainBenchConfig
@@ -30,7 +30,7 @@ PRECISION = {"fp32": torch.float32, "bf16": torch.bfloat16}
 def training_step(model: nn.Module, optim: OptimConfig, x: torch.Tensor, y: torch.Tensor,
                   precision: str, compiled: bool = False) -> Callable[[], None]:
     """One training step of `model` on (x, y) as a function: forward, loss, backward, clipping,
-    the optimizer of tinylm.optim.configure_optimizer."""
+    the optimizer of tinylm.train.optim.configure_optimizer."""
     model.train()
     optimizer = configure_optimizer(model, optim)
     forward = torch.compile(model) if compiled else model
@@ -172,7 +172,7 @@ def bench_train(model_cfg: ModelConfig, optim: OptimConfig, cfg: TrainBenchConfi
         "train", list(rows.values()), ratios,
         [f"B={B} T={T} n_layer={model_cfg.n_layer} n_head={model_cfg.n_head} "
          f"n_embd={model_cfg.n_embd} vocab={model_cfg.vocab_size}, random tokens; a step is "
-         "forward, loss, backward, clip_grad_norm_, AdamW step from tinylm.optim."
+         "forward, loss, backward, clip_grad_norm_, AdamW step from tinylm.train.optim."
          f"configure_optimizer (optim: lr={optim.lr}, weight_decay={optim.weight_decay}, "
          f"grad_clip={optim.grad_clip}) for every model; bf16 = torch.autocast(bf16); "
          "compiled = torch.compile(model), default mode, compiled before any timing",

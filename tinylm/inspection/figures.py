@@ -3,7 +3,7 @@
 Figures are built with matplotlib's object API on the Agg canvas (no pyplot, no display, no global
 state), so they work in training loops, tests and headless servers alike:
 
-    from tinylm.plots import attention_grid_figure, figure_to_image, log_figure
+    from tinylm.inspection.figures import attention_grid_figure, figure_to_image, log_figure
     fig = attention_grid_figure(weights, tokens, "layer 0")   # weights (n_head, T, T)
     writer.add_image("attention/layer_00/all_heads", figure_to_image(fig), step, dataformats="HWC")
     log_figure(writer, "attention/layer_00/all_heads", fig, step, png_dir="out")  # + a PNG file
@@ -288,7 +288,7 @@ def steps_figure(panels: Sequence[tuple], title: str) -> Figure:
     """tinylm-explain's heatmaps of scores and weights, two per row; small ones carry their numbers.
 
     Each panel is (title, matrix (T_q, T_k) tensor, row labels, column labels, weights): NaN and
-    -inf cells are blank, and `weights` fixes the colour scale to [0, 1] (tinylm.explain.Panel).
+    -inf cells are blank, and `weights` fixes the colour scale to [0, 1] (tinylm.inspection.walkthrough.Panel).
     """
     n_rows = math.ceil(len(panels) / 2)
     t = max(matrix.shape[1] for _, matrix, *_ in panels)

@@ -1,9 +1,9 @@
 """Writing one text's inspection: TensorBoard, PNG files, attention.npz, pronouns.md, inspect.json.
 
-tinylm-generate's `inspect=true` calls `inspect_texts`; tinylm.inspection captures and reads the
+tinylm-generate's `inspect=true` calls `inspect_texts`; tinylm.inspection.capture captures and reads the
 attention, this module lays it out as markdown tables, console lines, JSON records and figures:
 
-    from tinylm.inspection_output import inspect_texts
+    from tinylm.inspection.report import inspect_texts
     inspect_texts(model, tokenizer, [text], "runs/inspect", out=print)   # out: progress lines
 """
 
@@ -17,7 +17,7 @@ import numpy as np
 from torch.utils.tensorboard import SummaryWriter
 
 from tinylm.files import replaced_atomically, write_json_atomic, write_text_atomic
-from tinylm.inspection import (
+from tinylm.inspection.capture import (
     QUERY_POSITIONS,
     AttentionCapture,
     HeadReading,
@@ -26,14 +26,14 @@ from tinylm.inspection import (
     is_name,
     read_pronouns,
 )
-from tinylm.plots import (
+from tinylm.inspection.figures import (
     attention_grid_figure,
     attention_head_figure,
     label_step,
     log_figure,
     pronoun_bar_figure,
 )
-from tinylm.tensorboard_plugin.summary import write_attention
+from tinylm.inspection.tensorboard_plugin.summary import write_attention
 
 # Long texts stay readable by labelling 1 token in k, so that an axis has at most this many labels
 # (pronouns are labelled in any case); the pictures always show every token.

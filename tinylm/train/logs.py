@@ -1,6 +1,6 @@
 """What a training run shows in TensorBoard: scalars, a sample, attention maps, hyperparameters.
 
-Rank 0 keeps one TrainingLogs per run. Its figures are drawn by a helper process (tinylm/extras.py)
+Rank 0 keeps one TrainingLogs per run. Its figures are drawn by a helper process (tinylm/train/figure_process.py)
 while training goes on; `write_finished` writes, between steps, those that are done. The helper
 starts before the model's optimizer is built, to load and lay out its figures meanwhile.
 
@@ -20,19 +20,19 @@ import yaml
 from torch.utils.tensorboard import SummaryWriter
 from torch.utils.tensorboard.summary import hparams
 
-from tinylm.extras import (
+from tinylm.train.figure_process import (
     Extras,
     attention_grid_summaries,
     lay_out_attention_grid,
     layer_head_summaries,
 )
 from tinylm.generate import encode_prompt, generate
-from tinylm.inspection import capture_attention, token_window
+from tinylm.inspection.capture import capture_attention, token_window
 from tinylm.model import TinyLM
-from tinylm.probe import deciding_name_attention, shipped_name_items
-from tinylm.probe_items import EncodedAttentionItem
-from tinylm.tensorboard_plugin.summary import write_attention
-from tinylm.train_config import TrainConfig
+from tinylm.inspection.probe import deciding_name_attention, shipped_name_items
+from tinylm.inspection.probe_items import EncodedAttentionItem
+from tinylm.inspection.tensorboard_plugin.summary import write_attention
+from tinylm.train.run_config import TrainConfig
 
 
 def start_figures(cfg: TrainConfig, tokenizer, block_size: int, n_head: int

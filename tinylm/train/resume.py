@@ -35,7 +35,7 @@ from tinylm.checkpoint import (
 )
 from tinylm.config import ConfigError
 from tinylm.data import BatchSampler
-from tinylm.threads import ThreadChoice
+from tinylm.train.threads import ThreadChoice
 
 TRAINER_STATE_KEYS = ("step", "best_val_loss", "tokens_seen", "world_size", "optimizer", "scaler",
                       "sampler", "rng_cpu", "rng_cuda")

@@ -1,4 +1,4 @@
-"""The optimizer and its schedule: AdamW (or Muon for the blocks' matrices, see tinylm/muon.py)
+"""The optimizer and its schedule: AdamW (or Muon for the blocks' matrices, see tinylm/train/muon.py)
 with weight decay on Linear matrices only, a linear warmup and a cosine decay to min_lr.
 
     optimizer = configure_optimizer(model, OptimConfig())     # conf/optim/adamw.yaml
@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 from tinylm.config import bad, integer, number, one_of
-from tinylm.muon import MuonWithAdamW, muon
+from tinylm.train.muon import MuonWithAdamW, muon
 
 OPTIMIZERS = ("adamw", "muon")
 
@@ -78,7 +78,7 @@ def split_parameters(model: nn.Module) -> tuple[list[nn.Parameter], list[nn.Para
 
 def configure_optimizer(model: nn.Module, optim: OptimConfig):
     """AdamW with weight decay on Linear matrices only (optim.name=muon: Muon for those
-    matrices, see tinylm/muon.py); norms, biases, embeddings are not decayed.
+    matrices, see tinylm/train/muon.py); norms, biases, embeddings are not decayed.
 
     Decay pulls weights toward 0; for a norm's gain or a bias that is not a sensible prior, and
     the token embedding (shared with the LM head) holds rare tokens that get few gradient updates

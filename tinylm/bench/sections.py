@@ -13,7 +13,7 @@ the figures to trust on a busy machine; absolute times are context. docs/benchma
 every figure.
 
 Each section is one function `bench_<section>(...) -> Section`: attention, generate, inspect and
-data here, train in tinylm.bench_train, load and endtoend in tinylm.bench_runs.
+data here, train in tinylm.bench.train, load and endtoend in tinylm.bench.runs.
 `tinylm.cli.bench.run_bench(BenchConfig(...))` runs the chosen ones and returns the JSON-ready
 report.
 """

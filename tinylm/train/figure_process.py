@@ -53,7 +53,7 @@ def _start_helper() -> None:
     threading.Thread(target=_exit_with_parent, daemon=True).start()
     with contextlib.suppress(AttributeError, OSError):  # os.nice: Unix only
         os.nice(HELPER_NICENESS)
-    import tinylm.plots  # noqa: F401  (the import is the warm-up)
+    import tinylm.inspection.figures  # noqa: F401  (the import is the warm-up)
 
 
 def _exit_with_parent() -> None:
@@ -173,7 +173,7 @@ def _attention_grids(tokens: tuple[str, ...], n_head: int):
     evaluation to the next: a run captures the same probe prompt each time, so only the first
     lays figures out."""
     # matplotlib (~0.6 s to import) loads where figures are drawn: the helper, not training
-    from tinylm.plots import AttentionGridImages
+    from tinylm.inspection.figures import AttentionGridImages
 
     return AttentionGridImages(tokens)
 
@@ -201,6 +201,6 @@ def layer_head_summaries(tag: str, values: np.ndarray, title: str, label: str,
                          step: int) -> list[bytes]:
     """`tag`: a (n_layer, n_head) table of per-head numbers as a heatmap."""
     # matplotlib (~0.6 s to import) loads where figures are drawn: the helper, not training
-    from tinylm.plots import figure_to_image, layer_head_heatmap
+    from tinylm.inspection.figures import figure_to_image, layer_head_heatmap
 
     return [image_summary(tag, figure_to_image(layer_head_heatmap(values, title, label)))]

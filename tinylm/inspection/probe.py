@@ -1,12 +1,12 @@
 """Which heads follow a pronoun to its antecedent, whether the model knows a name's pronoun, and
 which heads that knowledge needs: the scoring behind tinylm-probe (tinylm/cli/probe.py), on items
-read by tinylm.probe_items.
+read by tinylm.inspection.probe_items.
 
     report = probe(model, tokenizer, items, ablate=True)    # a JSON-ready dict
 
 - attention items (two characters of different gender before the pronoun): a head is right on
   one when its attention from the pronoun to the antecedent's mentions exceeds its attention to
-  the distractor's. Word level, as in tinylm.inspection: attention to a mention sums its sub-word
+  the distractor's. Word level, as in tinylm.inspection.capture: attention to a mention sums its sub-word
   tokens; attention from the pronoun averages the pronoun's tokens (a BPE pronoun is one token, so
   that is its row). Baselines: always pick the character mentioned nearest before the pronoun, or
   the one mentioned first.
@@ -19,7 +19,7 @@ read by tinylm.probe_items.
   credited with "her"). Agreement accuracy is the share of positive margins.
 
 Both kinds are also read at the deciding position, the token just before the pronoun, where a
-causal model chooses it (tinylm.deciding): on agreement items each head's attention from there to
+causal model chooses it (tinylm.inspection.deciding): on agreement items each head's attention from there to
 the name (also split by whether the name is the text's first word: a head that always looks at
 the first token would score high there); on attention items whether the sign of (attention to
 antecedent - attention to distractor) matches the sign of the model's own preference log
@@ -45,9 +45,9 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from tinylm import deciding
-from tinylm.inspection import deciding_token, key_words, word_level
-from tinylm.probe_items import (
+from tinylm.inspection import deciding
+from tinylm.inspection.capture import deciding_token, key_words, word_level
+from tinylm.inspection.probe_items import (
     EncodedAgreementItem,
     EncodedAttentionItem,
     ProbeFileError,

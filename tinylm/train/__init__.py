@@ -1,0 +1,1 @@
+"""Training: the loop and what it needs (optimizer, schedule, resume, threads, logs)."""
