@@ -17,7 +17,7 @@ import torch
 from helpers import TRAINED_RUN, run_config
 
 import tinylm.checkpoint
-from tinylm.config import project_root
+from tinylm.files import project_root
 from tinylm.model import ModelConfig, TinyLM
 from tinylm.tokenizer import TokenizerConfig, train_tokenizer
 from tinylm.train.trainer import train

@@ -9,12 +9,15 @@ import subprocess
 import sys
 
 import numpy as np
+import pytest
 import torch
 from hydra import compose as hydra_compose
 from hydra import initialize_config_dir
+from omegaconf import DictConfig, OmegaConf
 
+import tinylm.config
 from tinylm.checkpoint import save_checkpoint
-from tinylm.config import config_dir
+from tinylm.cli import config_dir, register, run_schemas
 from tinylm.train.run_config import RunConfig
 
 # A tiny model on a tiny corpus: a run of 30 steps takes about a second on a quiet core.
@@ -38,19 +41,46 @@ def causal_weights(seed: int, shape: tuple[int, ...]) -> np.ndarray:
     return w / w.sum(-1, keepdims=True)
 
 
+def schemas() -> dict[str, type]:
+    """ConfigStore name -> the dataclass that is the schema of that group or command config."""
+    from tinylm.bench.config import BenchConfig
+    from tinylm.cli.explain import ExplainConfig
+    from tinylm.cli.generate import GenerateConfig
+    from tinylm.cli.probe import ProbeConfig
+
+    return {**run_schemas(), "generate_schema": GenerateConfig, "probe_schema": ProbeConfig,
+            "explain_schema": ExplainConfig, "bench_schema": BenchConfig}
+
+
 def compose(config_name, overrides=(), return_hydra_config=False):
     """The real conf/ composed as the command line composes it: `config_name` with `overrides`
     (and Hydra's own `hydra` node too with return_hydra_config)."""
+    register(schemas())
     with initialize_config_dir(config_dir=str(config_dir()), version_base="1.3"):
         return hydra_compose(config_name, overrides=list(overrides),
                              return_hydra_config=return_hydra_config)
+
+
+def to_dataclass(cls, node, prefix):
+    """tinylm.config.to_dataclass of a composed config node, as the commands build theirs."""
+    values = OmegaConf.to_container(node, resolve=True) if isinstance(node, DictConfig) else node
+    return tinylm.config.to_dataclass(cls, values, prefix)
 
 
 def run_config(corpus, run_dir, *overrides) -> RunConfig:
     """A training run on the `corpus` fixture: conf/ with TINY and `overrides` on top."""
     cfg = compose("config", [*TINY, f"data.files=[{corpus / 'stories.txt'}]",
                              f"data.cache_dir={corpus / 'cache'}", *overrides])
-    return RunConfig.from_config(cfg, run_dir)
+    return RunConfig.from_config(OmegaConf.to_container(cfg, resolve=True), run_dir)
+
+
+def refusal(main, *argv, monkeypatch) -> str:
+    """What a command's `main` says when it refuses the command line `argv` (one exit line)."""
+    monkeypatch.setattr(sys, "argv", ["tinylm", *argv])
+    with pytest.raises(SystemExit) as stopped:
+        main()
+    assert isinstance(stopped.value.code, str), stopped.value.code
+    return stopped.value.code
 
 
 def save_run(run_dir, model, tokenizer):

@@ -115,6 +115,7 @@ def test_saving_the_same_step_twice_keeps_both_complete(tiny, tmp_path):
     assert (first / WEIGHTS_FILE).is_file() and (second / WEIGHTS_FILE).is_file()
 
 
+@pytest.mark.slow
 def test_a_crash_during_save_leaves_the_previous_checkpoint_loadable(tiny, tmp_path):
     model, tokenizer = tiny(seed=0)
     save_checkpoint(tmp_path, model, tokenizer, {}, step=1)

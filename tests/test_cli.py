@@ -1,17 +1,38 @@
-"""Every tinylm-* command refuses a bad override in one line naming the key and what is allowed."""
+"""Every tinylm-* command refuses a bad override in one line naming the key and what is allowed,
+composed once by Hydra, and writes nothing when it refuses."""
 
-import gc
+import ast
 import os
 import subprocess
 import sys
 
-import hydra._internal.utils
 import pytest
-from helpers import run_cli, save_run
+from helpers import compose, refusal, run_cli, save_run, to_dataclass
 
-import tinylm.cli.command_line
-from tinylm.cli.command_line import check_command_line, check_command_line_or_exit
-from tinylm.config import ConfigError
+import tinylm.cli.bench
+import tinylm.cli.explain
+import tinylm.cli.generate
+import tinylm.cli.prepare
+import tinylm.cli.probe
+import tinylm.cli.train
+from tinylm.cli.generate import GenerateConfig
+from tinylm.files import PACKAGE_DIR
+
+MAINS = {"generate": tinylm.cli.generate.main, "probe": tinylm.cli.probe.main,
+         "explain": tinylm.cli.explain.main, "bench": tinylm.cli.bench.main,
+         "config": tinylm.cli.train.main, "prepare": tinylm.cli.prepare.main}
+PROGS = {"config": "tinylm-train"}
+
+
+def refused(config_name, override, monkeypatch, tmp_path) -> str:
+    """The one line the command of `config_name` ends with on `override`, checked to have
+    written nothing into the current directory."""
+    monkeypatch.chdir(tmp_path)
+    said = refusal(MAINS[config_name], override, monkeypatch=monkeypatch)
+    prog = PROGS.get(config_name, f"tinylm-{config_name}")
+    assert said.startswith(f"{prog}: error: ") and "\n" not in said
+    assert not any(tmp_path.iterdir())  # no run directory, no .hydra/, no log
+    return said.removeprefix(f"{prog}: error: ")
 
 
 @pytest.mark.parametrize("config_name, override, message", [
@@ -28,25 +49,27 @@ from tinylm.config import ConfigError
     ("config", "data=nope", "data=nope: there is no data/nope.yaml; allowed data options: text, "
                             "tinyshakespeare, tinystories"),
     ("explain", "causal=[", "causal=["),  # not even parsable: the override is named
+    ("prepare", "tempurature=0.5", "unknown config key or group tempurature"),
+    ("config", "trian.max_steps=5", "unknown config key or group trian"),
+    ("config", "train.max_step=5", "unknown config key train.max_step (in train.max_step=5); "
+                                   "allowed under train: max_steps,"),
+    ("config", "model=huge", "model=huge: there is no model/huge.yaml; allowed model options: "
+                             "default"),
+    ("config", "experiment=nope", "allowed experiment options: shakespeare_char"),
+    ("config", "+model.n_layers=3", "unknown config key model.n_layers; allowed under model:"),
+    ("config", "model.n_embd=130", "model.n_embd=130 is not allowed: must be divisible by "
+                                   "model.n_head=4"),
+    ("config", "train.batch_size=0", "train.batch_size=0 is not allowed: must be an integer >= 1"),
+    ("config", "optim.lr=-0.001", "optim.lr=-0.001 is not allowed: must be a finite number >= 0"),
+    ("config", "train.precision=fp8", "train.precision='fp8' is not allowed; allowed: auto, "
+                                      "fp32, bf16"),
+    ("config", "train.threads=0", "train.threads=0 is not allowed: must be auto or an integer "
+                                  ">= 1"),
+    ("config", "optim.name=sgd", "optim.name='sgd' is not allowed; allowed: adamw, muon"),
 ])
-def test_bad_overrides_are_refused_in_one_line(config_name, override, message):
-    with pytest.raises(ConfigError) as refused:
-        check_command_line([override], config_name)
-    assert message in str(refused.value)
-    assert "\n" not in str(refused.value)
-
-
-def _builders():
-    from tinylm.cli.bench import bench_config_of
-    from tinylm.cli.command_line import checked_config
-    from tinylm.cli.explain import ExplainConfig
-    from tinylm.cli.generate import GenerateConfig
-    from tinylm.cli.probe import ProbeConfig
-    from tinylm.cli.train import build_run_config
-
-    return {"config": build_run_config, "generate": checked_config(GenerateConfig, "generate"),
-            "probe": checked_config(ProbeConfig, "probe"),
-            "explain": checked_config(ExplainConfig, "explain"), "bench": bench_config_of}
+def test_bad_overrides_are_refused_in_one_line(config_name, override, message, monkeypatch,
+                                               tmp_path):
+    assert message in refused(config_name, override, monkeypatch, tmp_path)
 
 
 # The values an adversarial run found slipping through: a wrong type is refused by the schema at
@@ -74,25 +97,38 @@ TEMPERATURE = "must be 0 (greedy) or a finite number >= 0.001"
     ("bench", "repeats=many", "must be an integer"),
     ("config", "data.files=notes.txt", "must be a list, e.g. [a, b]"),
 ])
-def test_wrong_types_and_ranges_are_refused_in_one_line(config_name, override, rule):
-    with pytest.raises(ConfigError) as refused:
-        check_command_line([override], config_name, _builders()[config_name])
-    assert str(refused.value) == f"{override} is not allowed: {rule}"
+def test_wrong_types_and_ranges_are_refused_in_one_line(config_name, override, rule,
+                                                        monkeypatch, tmp_path):
+    assert refused(config_name, override, monkeypatch, tmp_path) == \
+        f"{override} is not allowed: {rule}"
+
+
+def test_a_bad_value_of_a_sweep_is_refused_in_one_line_when_its_run_starts(monkeypatch,
+                                                                           tmp_path):
+    # each run of a sweep is composed on its own: the bad one refuses before it trains
+    monkeypatch.chdir(tmp_path)
+    said = refusal(tinylm.cli.train.main, "-m", "optim.lr=-1.0,-2.0", monkeypatch=monkeypatch)
+    assert said == "tinylm-train: error: optim.lr=-1.0 is not allowed: must be a finite number " \
+                   ">= 0"
+    (run,) = (tmp_path / "runs" / "multirun").glob("*/*/*")
+    assert run.name == "multirun.yaml"  # Hydra's record of the sweep; the refused run left none
 
 
 def test_good_overrides_compose():
-    cfg = check_command_line(["temperature=0", "max_new_tokens=5"], "generate")
+    cfg = to_dataclass(GenerateConfig, compose("generate", ["temperature=0", "max_new_tokens=5"]),
+                       "generate")
     assert cfg.temperature == 0 and cfg.max_new_tokens == 5
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("module, command, override, message", [
     ("tinylm.cli.generate", "tinylm-generate", "tempurature=0.5", "unknown config key"),
     ("tinylm.cli.prepare", "tinylm-prepare", "tempurature=0.5", "unknown config key"),
     ("tinylm.cli.train", "tinylm-train", "optim.lr=nan", "optim.lr=nan is not allowed"),
     ("tinylm.cli.generate", "tinylm-generate", "temperature=nan", "temperature=nan is not allowed"),
 ])
-def test_the_commands_check_their_command_line_before_hydra_runs(module, command, override,
-                                                                  message, tmp_path):
+def test_the_commands_refuse_a_bad_command_line_in_one_line_and_write_nothing(
+        module, command, override, message, tmp_path):
     result = run_cli(module, override, cwd=tmp_path, timeout=120)
     assert result.returncode == 1
     assert result.stderr.strip().startswith(f"{command}: error: {message}")
@@ -100,104 +136,30 @@ def test_the_commands_check_their_command_line_before_hydra_runs(module, command
     assert not any(tmp_path.iterdir())  # nothing written: no run directory, no .hydra/
 
 
-# What tinylm reads of Hydra beyond its public API falls back to Hydra's own behaviour when a
-# Hydra release changes it.
-def test_without_hydras_private_parser_hydra_reads_the_command_line_itself(monkeypatch, capsys):
-    from tinylm.cli import generate
-
-    monkeypatch.delattr(hydra._internal.utils, "get_args_parser")
-    monkeypatch.setattr(sys, "argv", ["tinylm-generate", "tempurature=0.5"])
-    assert check_command_line_or_exit("tinylm-generate", "generate") is None  # nothing checked
-    with pytest.raises(SystemExit) as stopped:
-        generate.main()  # Hydra's own parser, and its own words for the bad override
-    assert stopped.value.code == 1
-    assert "Could not override 'tempurature'" in capsys.readouterr().err
-
-
-def test_a_hydra_error_worded_otherwise_comes_out_as_its_first_line(monkeypatch):
-    # the wording is not recognized
-    monkeypatch.setattr(tinylm.cli.command_line, "KEY_IN_HYDRA_ERROR", ())
-    with pytest.raises(ConfigError) as refused:
-        check_command_line(["tempurature=0.5"], "generate")
-    assert str(refused.value) == "tempurature=0.5: Could not override 'tempurature'."
-
-
 def _python(code: str) -> str:
     return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           timeout=120, check=True).stdout.strip()
 
 
-def test_the_training_command_imports_neither_hydra_nor_torch_until_it_runs():
-    # the helper drawing the figures imports this module again (spawn): it starts sooner
-    loaded = _python("import sys, tinylm.cli.train; "
-                     "print(sorted({m.split('.')[0] for m in sys.modules} & "
-                     "{'hydra', 'omegaconf', 'torch'}))")
+def test_the_model_imports_no_hydra_tensorboard_matplotlib_or_bench():
+    loaded = _python("import sys, tinylm.model, tinylm.generate, tinylm.checkpoint; "
+                     "print(sorted({m.split('.')[0] for m in sys.modules} & {'hydra', "
+                     "'omegaconf', 'tensorboard', 'matplotlib', 'transformers'} | "
+                     "{m for m in sys.modules if m.startswith(('tinylm.bench', 'tinylm.cli'))}))")
     assert loaded == "[]"
 
 
-def test_the_commands_leave_their_objects_out_of_the_collection_at_exit():
-    # registered before tinylm.cli is imported, so it runs after tinylm's exit handler
-    frozen = _python("import atexit, gc; "
-                     "atexit.register(lambda: print(gc.get_freeze_count() > 0)); "
-                     "import tinylm.cli")
-    assert frozen == "True"
+def test_no_private_hydra_module_is_read():
+    private = []
+    for path in PACKAGE_DIR.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+                [node.module or ""] if isinstance(node, ast.ImportFrom) else []
+            private += [f"{path.name}: {n}" for n in names if "hydra._" in n or "._internal" in n]
+    assert private == []
 
 
-ATTENTION_PAGE_FAULTS = """
-import resource, torch
-import tinylm.cli  # the commands' malloc settings
-from tinylm.model import ModelConfig, TinyLM
-model = TinyLM(ModelConfig(vocab_size=256, n_layer=2)).eval()
-idx = torch.zeros(4, 128, dtype=torch.long)
-faults = []
-with torch.inference_mode():
-    for _ in range(12):
-        before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-        model(idx, return_attention=True)  # ~14 MB of (4, 4, 128, 128) intermediates, freed
-        faults.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
-print(sum(faults[3:]))  # after three calls to warm up
-"""
-
-
-@pytest.mark.skipif(sys.platform != "linux", reason="tunes glibc's malloc, which is Linux's")
-def test_the_commands_reuse_freed_memory_instead_of_faulting_it_in_again():
-    # without the tuning glibc gave the freed intermediates back to the kernel, and the next
-    # calls faulted them in again: 9,000-11,000 page faults over the last 9 calls here, against
-    # 0-200 with it
-    faults = int(_python(ATTENTION_PAGE_FAULTS))
-    assert faults < 2000
-
-
-def test_training_starts_with_the_collector_off_and_trains_with_it_on(monkeypatch, tmp_path):
-    import tinylm.cli.train
-    import tinylm.train
-
-    seen = {}
-
-    def check(cfg):
-        seen["checking"] = gc.isenabled()
-        return build_run_config(cfg)
-
-    def stop_before_training(cfg):
-        seen["training"], seen["frozen"] = gc.isenabled(), gc.get_freeze_count()
-        raise ValueError("stopped")
-
-    build_run_config = tinylm.cli.train.build_run_config
-    monkeypatch.setattr(tinylm.cli.train, "build_run_config", check)
-    monkeypatch.setattr(tinylm.train.trainer, "train", stop_before_training)
-    monkeypatch.chdir(tmp_path)
-    monkeypatch.setattr(sys, "argv", ["tinylm-train", "hydra.run.dir=run"])
-    try:
-        with pytest.raises(SystemExit, match="tinylm-train: error: stopped"):
-            tinylm.cli.train.main()
-    finally:
-        gc.unfreeze()  # the rest of the session collects as before
-    assert (seen["checking"], seen["training"]) == (False, True)
-    assert seen["frozen"] > 0  # what start-up made is left out of the collections
-    assert seen["frozen"] > 100_000  # start-up's objects (torch's among them) left out
-    assert gc.isenabled()
-
-
+@pytest.mark.slow
 @pytest.mark.parametrize("module, args, shown", [
     ("tinylm.cli.explain", [], "2. Scaled: S / ?d  (?2 = 1.4142)"),
     ("tinylm.cli.generate", ["prompt='x → y'", "max_new_tokens=1", "temperature=0"], "x ? y"),

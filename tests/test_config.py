@@ -6,9 +6,10 @@ import math
 
 import pytest
 import yaml
-from helpers import compose
+from helpers import compose, schemas
 
-from tinylm.config import ConfigError, config_dir, divisible, flag, integer, number, one_of, schemas
+from tinylm.cli import config_dir
+from tinylm.config import ConfigError, divisible, flag, integer, number, one_of
 
 CONF = config_dir()
 GROUP_FILES = sorted(p for p in CONF.glob("*/*.yaml")

@@ -8,9 +8,8 @@ import sys
 import numpy as np
 import pytest
 import torch
-from helpers import compose
+from helpers import compose, to_dataclass
 
-from tinylm.config import to_dataclass
 from tinylm.data import BatchSampler, DataConfig, check_enough_tokens, prepare_data
 from tinylm.tokenizer import EOT, TokenizerConfig, train_tokenizer
 
@@ -179,6 +178,7 @@ def hub_preset(tmp_path, *overrides):
             to_dataclass(TokenizerConfig, cfg.tokenizer, "tokenizer"))
 
 
+@pytest.mark.slow
 def test_hub_preset_streams_the_official_splits_with_endoftext_between_stories(
         tmp_path, fake_hub):
     calls, splits = fake_hub
@@ -195,6 +195,7 @@ def test_hub_preset_streams_the_official_splits_with_endoftext_between_stories(
     assert tok.decode(read_ids(prepared, "val")).split(EOT) == splits["validation"]
 
 
+@pytest.mark.slow
 def test_hub_bpe_learns_on_at_most_train_bytes_and_max_documents_bounds_both_splits(
         tmp_path, fake_hub, monkeypatch):
     import tinylm.data
@@ -216,6 +217,7 @@ def test_hub_bpe_learns_on_at_most_train_bytes_and_max_documents_bounds_both_spl
     assert small.tokenizer.decode(read_ids(small, "val")).split(EOT) == splits["validation"][:50]
 
 
+@pytest.mark.slow
 def test_hub_without_a_validation_split_holds_out_whole_stories_by_seed(tmp_path, fake_hub):
     _, splits = fake_hub
     held_out = []
@@ -243,6 +245,7 @@ def test_prepare_makes_no_network_calls(tmp_path, monkeypatch):
     assert prepared.meta["train_tokens"] > 0
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("corpus, tokenizer, counts, rows", [
     # nanoGPT's shakespeare_char: the same split and ids (65 characters, then <|endoftext|>)
     ("tinyshakespeare", "char", (1_003_854, 111_540), (1, 1)),
@@ -250,7 +253,7 @@ def test_prepare_makes_no_network_calls(tmp_path, monkeypatch):
 ])
 def test_embedded_corpora_prepare_to_the_pinned_splits(tmp_path, monkeypatch, corpus, tokenizer,
                                                       counts, rows):
-    from tinylm.sources import embedded_dir
+    from tinylm.corpus import embedded_dir
 
     monkeypatch.delenv("TINYLM_DATA_ROOT", raising=False)
     shakespeare = corpus == "tinyshakespeare"
@@ -433,6 +436,7 @@ def test_every_data_and_tokenizer_config_builds_its_dataclass(data, tokenizer):
 
 
 
+@pytest.mark.slow
 def test_prepare_command_writes_only_the_cache(tmp_path, monkeypatch, capsys):
     from tinylm.cli.prepare import main
 

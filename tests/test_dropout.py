@@ -96,6 +96,7 @@ def test_the_module_drops_in_training_only_and_the_model_uses_it():
     assert sum(isinstance(m, Dropout) for m in model.modules()) == 3  # embeddings, attn, mlp
 
 
+@pytest.mark.slow
 def test_torch_compile_keeps_pytorchs_own_dropout():
     torch.manual_seed(4)
     expected = F.dropout(torch.ones(64), 0.5)

@@ -14,13 +14,13 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 from torch.utils.tensorboard import SummaryWriter
 
 import tinylm.inspection.figures
+from tinylm.inspection.figures import attention_grid_figure, figure_to_image
 from tinylm.train.figure_process import (
     Extras,
     attention_grid_summaries,
     image_summary,
     lay_out_attention_grid,
 )
-from tinylm.inspection.figures import attention_grid_figure, figure_to_image
 
 TOKENS = ["Lily", " went", " home", ".", " She"]
 
@@ -125,6 +125,7 @@ def test_an_extra_that_fails_raises_in_the_training_process(tmp_path):
         extras.write_finished(writer)
 
 
+@pytest.mark.slow
 def test_figures_are_still_drawn_when_the_helper_process_cannot_run(tmp_path, monkeypatch, caplog):
     # what a script that calls train() without `if __name__ == "__main__":` meets
     monkeypatch.setattr("tinylm.train.figure_process._start_helper", _helper_that_dies)
@@ -138,6 +139,7 @@ def test_figures_are_still_drawn_when_the_helper_process_cannot_run(tmp_path, mo
                for r in caplog.records) == 1
 
 
+@pytest.mark.slow
 def test_figures_are_drawn_here_when_the_helper_stopped_before_the_first_one(tmp_path, monkeypatch,
                                                                             caplog):
     monkeypatch.setattr("tinylm.train.figure_process._start_helper", _helper_that_dies)
@@ -205,6 +207,7 @@ def _running(pid: int) -> bool:
     return True
 
 
+@pytest.mark.slow
 def test_the_helper_ends_when_the_training_process_dies_without_closing_it(tmp_path):
     script = tmp_path / "orphaned_training.py"
     script.write_text(ORPHANED_TRAINING)

@@ -22,13 +22,13 @@ from tinylm.checkpoint import RunDirInUse, load_checkpoint, resolve_checkpoint_d
 from tinylm.cli import run_or_exit
 from tinylm.cli.generate import GenerateConfig, run_generate
 from tinylm.cli.probe import ProbeConfig, run_probe
+from tinylm.corpus import resolve_files
 from tinylm.data import check_enough_tokens
 from tinylm.generate import generate
 from tinylm.inspection.probe_items import ProbeFileError, load_probe_file
+from tinylm.tokenizer import CharTokenizer, load_tokenizer
 from tinylm.train.resume import TRAINER_STATE_KEYS, load_trainer_state
 from tinylm.train.runtime import StoppedAgain
-from tinylm.sources import resolve_files
-from tinylm.tokenizer import CharTokenizer, load_tokenizer
 from tinylm.train.trainer import Trainer, TrainingDiverged, train
 
 TEXT = "Lily saw a cat. She was happy. Tom saw a dog. He was sad."
@@ -53,6 +53,7 @@ def one_line(err) -> str:
 # ------------------------------------------------------------------------ divergence
 
 
+@pytest.mark.slow
 def test_weights_that_are_not_finite_are_never_saved_as_a_good_checkpoint(
         corpus, tmp_path, monkeypatch):
     step = Trainer.train_step
@@ -81,6 +82,7 @@ def test_weights_that_are_not_finite_are_never_saved_as_a_good_checkpoint(
     assert not [p for p in listing(run_dir) if ".tmp" in p]
 
 
+@pytest.mark.slow
 def test_a_learning_rate_that_blows_the_weights_up_saves_nothing(corpus, tmp_path):
     run_dir = tmp_path / "run"
     with pytest.raises(TrainingDiverged) as stopped:
@@ -101,6 +103,7 @@ with run_dir_lock(sys.argv[1]):
 """
 
 
+@pytest.mark.slow
 def test_a_second_writer_is_refused_naming_the_holder_and_a_killed_one_blocks_nothing(
         corpus, tmp_path):
     run_dir = tmp_path / "run"
@@ -135,6 +138,7 @@ def test_the_temporary_link_name_belongs_to_its_process(saved_run, monkeypatch):
 # ------------------------------------------------------------------------------ full disk
 
 
+@pytest.mark.slow
 def test_a_full_disk_stops_in_one_line_leaves_nothing_behind_and_the_resume_works(
         corpus, tmp_path, monkeypatch):
     save = torch.save

@@ -5,11 +5,10 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import compose, run_cli
+from helpers import compose, run_cli, to_dataclass
 from omegaconf import OmegaConf
 
 from tinylm.cli.generate import GenerateConfig, run_generate
-from tinylm.config import to_dataclass
 from tinylm.generate import StreamDecoder, encode_prompt, generate, sample_next
 
 
@@ -224,6 +223,7 @@ def test_generate_yaml_and_config_dataclass_have_the_same_keys():
     assert built.temperature == 0 and built.top_k == 5
 
 
+@pytest.mark.slow
 def test_run_generate_streams_prompt_and_text_reproducibly(trained_run, capsys):
     run_dir, _ = trained_run
     cfg = GenerateConfig(checkpoint=str(run_dir), prompt="Lily and Tom", max_new_tokens=12,

@@ -3,8 +3,14 @@
 import pytest
 import torch
 
-from tinylm.train.muon import MuonWithAdamW, ShapeBatchedMuon, directly, newton_schulz, through_gram
-from tinylm.train.optim import OptimConfig, configure_optimizer, lr_at
+from tinylm.train.muon import (
+    MuonWithAdamW,
+    ShapeBatchedMuon,
+    directly,
+    newton_schulz,
+    through_gram,
+)
+from tinylm.train.optim import OptimConfig, configure_optimizer, lr_at, set_lr
 
 MUON_QUINTIC = (3.4445, -4.7750, 2.0315)  # torch.optim.Muon's default coefficients
 
@@ -61,9 +67,8 @@ def test_adamw_is_still_the_default(small_model):
 def test_the_schedule_reaches_muon_through_its_scale(small_model):
     optim = OptimConfig(name="muon", lr=1e-3, muon_lr=0.03, warmup_steps=0, min_lr=1e-4)
     optimizer = configure_optimizer(small_model(), optim)
-    lr = lr_at(500, optim, max_steps=1000)
-    for group in optimizer.param_groups:  # what Trainer.train_step does
-        group["lr"] = lr * group.get("lr_scale", 1.0)
+    lr = set_lr(optimizer, 500, optim, max_steps=1000)  # what Trainer.train_step does
+    assert lr == lr_at(500, optim, max_steps=1000)
     assert optimizer.muon.param_groups[0]["lr"] == pytest.approx(lr * 30)
     assert optimizer.adamw.param_groups[0]["lr"] == lr
 

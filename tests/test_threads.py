@@ -1,8 +1,11 @@
 """threads=auto: the thread count follows the usable cores and how busy they are."""
 
+import builtins
+import importlib.util
 import os
 import subprocess
 import sys
+import time
 
 import pytest
 import torch
@@ -10,15 +13,14 @@ import torch
 import tinylm.train.threads
 from tinylm.cli.generate import GenerateConfig
 from tinylm.config import ConfigError
+from tinylm.train.run_config import TrainConfig
 from tinylm.train.threads import (
-    CpuUse,
+    CpuSample,
     apply_threads,
     busy_cpus,
     choose_threads,
     usable_cpus,
-    wait_passively_if_cores_full,
 )
-from tinylm.train.run_config import TrainConfig
 
 
 @pytest.fixture
@@ -81,131 +83,38 @@ def test_an_explicit_number_wins_over_the_load(machine):
     assert choose_threads(3).threads == 3 and choose_threads(3).reason == "set"
 
 
-@pytest.mark.parametrize("policy", ["passive", "PASSIVE"])
-def test_training_beside_work_that_fills_every_core_takes_a_team_that_sleeps_while_waiting(
-        machine, monkeypatch, policy):
-    machine(range(2), 1.8)
-    monkeypatch.setenv("OMP_WAIT_POLICY", policy)
-    choice = choose_threads("auto", team_when_full=True)
-    assert choice.threads == 2
-    assert choice.reason.endswith("every core busy: a share of them, with threads that sleep "
-                                  "while they wait")
-
-
-def set_wait_policy(monkeypatch, policy):
-    """OMP_WAIT_POLICY as the environment would give it; None: not set."""
-    if policy is None:
-        monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
-    else:
-        monkeypatch.setenv("OMP_WAIT_POLICY", policy)
-
-
-@pytest.mark.parametrize(("busy", "policy", "team_when_full", "threads"), [
-    (1.8, "active", True, 1),  # spinning threads would collapse
-    (1.8, None, True, 1),  # OpenMP's default spins
-    (1.8, "passive", False, 1),  # decoding: one token's operations are too small to share
-    (1.0, "passive", True, 1),  # a free core: one thread there runs alone
+@pytest.mark.parametrize(("busy", "own", "others"), [
+    (3.0, 1.0, 1.0),  # 1.5 cores busy over the 2 s, 0.5 of them this process
+    (1.0, 1.5, 0.0),  # ticks are coarse: never below 0
+    (9.0, 0.0, 2.0),  # never more than the usable cores
 ])
-def test_otherwise_auto_keeps_one_thread_beside_work_that_fills_the_cores(
-        machine, monkeypatch, busy, policy, team_when_full, threads):
-    machine(range(2), busy)
-    set_wait_policy(monkeypatch, policy)
-    choice = choose_threads("auto", team_when_full=team_when_full)
-    assert choice.threads == threads and "every core busy" not in choice.reason
+def test_busy_cpus_counts_the_cores_busy_time_less_this_processs_own(
+        monkeypatch, busy, own, others):
+    start = CpuSample(time.monotonic() - 2.0, 10.0, 5.0)
+    end = CpuSample(start.wall + 2.0, 10.0 + busy, 5.0 + own)
+    monkeypatch.setattr(tinylm.train.threads, "sample_cpus", lambda cpus: end)
+    assert busy_cpus([0, 1], since=start) == (pytest.approx(others), "over 2.0 s")
 
 
-@pytest.mark.parametrize(("busy", "policy", "said"), [
-    (0.0, "passive", True),  # the cores looked full as torch loaded, and are free now
-    (0.0, "active", False),
-    (0.0, None, False),
-    (1.0, "passive", False),  # one thread: no team to wait for
-])
-def test_a_team_with_cores_free_says_when_its_threads_sleep_while_they_wait(
-        machine, monkeypatch, busy, policy, said):
-    machine(range(2), busy)
-    set_wait_policy(monkeypatch, policy)
-    choice = choose_threads("auto", team_when_full=True)
-    assert choice.threads == (2 if busy == 0 else 1)
-    assert ("sleep while they wait: OMP_WAIT_POLICY=passive, slower with cores free; "
-            "OMP_WAIT_POLICY=active makes them spin" in choice.reason) is said
+def test_importing_samples_nothing_and_start_sample_samples_now(monkeypatch):
+    opened = []
+    real_open = builtins.open
 
+    def watched_open(file, *args, **kwargs):
+        opened.append(str(file))
+        return real_open(file, *args, **kwargs)
 
-@pytest.mark.parametrize(("threads", "policy", "reason"), [
-    (2, "passive", "set, " + tinylm.train.threads.PASSIVE_TEAM),  # chosen at start-up, unasked
-    (2, None, "set"),
-    (1, "passive", "set"),  # one thread: no team to wait for
-])
-def test_an_explicit_count_says_when_its_threads_sleep_while_they_wait(
-        machine, monkeypatch, threads, policy, reason):
-    machine(range(2), 0.0)
-    set_wait_policy(monkeypatch, policy)
-    assert choose_threads(threads) == tinylm.train.threads.ThreadChoice(threads, reason)
-
-
-def use_of_cores(monkeypatch, cpus, use):
-    """The affinity and the CpuUse that busy_cpus and wait_passively_if_cores_full see."""
-    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(cpus), raising=False)
-    monkeypatch.setattr(tinylm.train.threads, "cpu_use", lambda cpus, since=None: use)
-
-
-@pytest.mark.parametrize(("others", "own", "busy"), [
-    (1.3, 0.7, 1.3 / 0.7),  # our one thread got a slice: the 2-thread job asks for ~2 cores
-    (1.0, 1.0, 1.0),  # a busy loop on the other core: no one waited
-    (0.2, 0.9, 0.2),  # a free core: the others got what they asked for
-    (1.2, 1.6, 1.2),  # our start-up ran on more than one thread: no slice to divide by
-    (1.7, 0.0, 1.7),  # the load average (own unknown)
-])
-def test_busy_cpus_counts_what_the_others_would_use_without_this_process(
-        monkeypatch, others, own, busy):
-    use_of_cores(monkeypatch, range(2), CpuUse(others, own, "test"))
-    assert busy_cpus(usable_cpus()) == (pytest.approx(busy), "test")
-
-
-@pytest.fixture
-def before_torch(monkeypatch):
-    """As in a command before it imports torch: no wait setting, torch not in sys.modules."""
-    for key in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT"):
-        # set first, so that monkeypatch also takes away what the test's code sets there
-        monkeypatch.setenv(key, "")
-        monkeypatch.delenv(key)
-    monkeypatch.delitem(sys.modules, "torch")
-
-
-@pytest.mark.parametrize(("others", "own", "passive"), [
-    (1.3, 0.7, True), (1.0, 1.0, True), (1.0, 0.7, True), (0.2, 1.0, False), (0.0, 0.9, False)])
-def test_the_threads_wait_passively_when_every_core_is_busy_before_torch_loads(
-        monkeypatch, before_torch, others, own, passive):
-    use_of_cores(monkeypatch, range(2), CpuUse(others, own, "test"))
-    assert wait_passively_if_cores_full() is passive
-    assert os.environ.get("OMP_WAIT_POLICY") == ("passive" if passive else None)
-
-
-@pytest.mark.parametrize("setting", [("OMP_WAIT_POLICY", "active"), ("GOMP_SPINCOUNT", "1000")])
-def test_a_wait_setting_of_the_environment_is_left_as_it_is(monkeypatch, before_torch, setting):
-    use_of_cores(monkeypatch, range(2), CpuUse(2.0, 1.0, "test"))
-    monkeypatch.setenv(*setting)
-    assert wait_passively_if_cores_full() is False
-    assert os.environ.get("OMP_WAIT_POLICY") == ("active" if setting[1] == "active" else None)
-
-
-def test_once_torch_has_loaded_the_wait_policy_is_not_changed(monkeypatch):
+    monkeypatch.setattr(builtins, "open", watched_open)
     monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
-    use_of_cores(monkeypatch, range(2), CpuUse(2.0, 1.0, "test"))
-    assert "torch" in sys.modules and wait_passively_if_cores_full() is False
-    assert "OMP_WAIT_POLICY" not in os.environ
-
-
-def test_tinylm_train_decides_the_wait_policy_before_it_imports_torch():
-    script = (
-        "import sys\nimport tinylm.train.threads\ncalls = []\n"
-        "tinylm.train.threads.wait_passively_if_cores_full = "
-        "lambda since=None: calls.append('torch' in sys.modules)\n"
-        "from tinylm.cli.train import main\nsys.argv = ['tinylm-train', '--cfg', 'job']\n"
-        "main()\nprint('calls', calls, 'torch' in sys.modules)\n")
-    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
-                          check=True)
-    # called once, before torch was imported, and torch was imported after it
-    assert done.stdout.splitlines()[-1] == "calls [False] True"
+    # the module's code run again as a fresh import would run it, under another name
+    spec = importlib.util.spec_from_file_location("fresh_threads", tinylm.train.threads.__file__)
+    fresh = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, "fresh_threads", fresh)  # where dataclasses look it up
+    spec.loader.exec_module(fresh)
+    assert "/proc/stat" not in opened and "OMP_WAIT_POLICY" not in os.environ
+    sample = fresh.start_sample()
+    if sys.platform.startswith("linux"):
+        assert "/proc/stat" in opened and time.monotonic() - sample.wall < 1.0
 
 
 def test_apply_threads_sets_torchs_intra_op_threads(machine):

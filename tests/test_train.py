@@ -17,22 +17,23 @@ import numpy as np
 import pytest
 import torch
 from helpers import TINY, TRAINED_RUN, compose, run_cli, run_config, torch_save_failing_at
+from omegaconf import OmegaConf
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 import tinylm.checkpoint
-import tinylm.train.figure_process
 import tinylm.model
+import tinylm.train.figure_process
 import tinylm.train.threads
 import tinylm.train.trainer
 from tinylm.checkpoint import load_checkpoint, resolve_checkpoint_dir
-from tinylm.cli.command_line import check_command_line
-from tinylm.cli.train import build_run_config
-from tinylm.config import ConfigError, config_dir, project_root
+from tinylm.cli import config_dir
+from tinylm.config import ConfigError
 from tinylm.data import BatchSampler, prepare_data
+from tinylm.files import project_root
 from tinylm.train.optim import OptimConfig, configure_optimizer, lr_at
+from tinylm.train.run_config import RunConfig
 from tinylm.train.runtime import TrainingInterrupted
 from tinylm.train.trainer import TrainingDiverged, train, validation_loss
-from tinylm.train.run_config import RunConfig
 
 
 def scalars(run_dir, tag):
@@ -48,6 +49,11 @@ def weights(run_dir, tag="last"):
 # ------------------------------------------------------------------------------- configs
 
 
+def run_from(composed, run_dir):
+    """RunConfig.from_config of a composed config, turned into plain data as the command does."""
+    return RunConfig.from_config(OmegaConf.to_container(composed, resolve=True), run_dir)
+
+
 def group_options(group):
     return sorted(p.stem for p in (config_dir() / group).glob("*.yaml"))
 
@@ -58,13 +64,12 @@ def group_options(group):
     f"experiment={name}" for name in group_options("experiment")])
 def test_every_config_option_and_experiment_builds_its_dataclasses(override):
     extra = ["data.files=[a.txt]"] if override == "data=text" else []
-    cfg = compose("config", [override, *extra])
-    run = RunConfig.from_config(cfg, "runs/x")
+    run = run_from(compose("config", [override, *extra]), "runs/x")
     assert run.train.max_steps >= 1 and run.optim.lr > 0
 
 
 def test_shakespeare_char_experiment_has_nanogpts_cpu_settings():
-    run = RunConfig.from_config(compose("config", ["experiment=shakespeare_char"]), "x")
+    run = run_from(compose("config", ["experiment=shakespeare_char"]), "x")
     m, o, t = run.model, run.optim, run.train
     assert (run.data.name, run.tokenizer.name) == ("tinyshakespeare", "char")
     assert (m.n_layer, m.n_head, m.n_embd, m.block_size, m.dropout, m.bias) == (
@@ -76,7 +81,7 @@ def test_shakespeare_char_experiment_has_nanogpts_cpu_settings():
     assert (o.name, o.muon_lr) == ("muon", 0.03)
     nanogpt = ["experiment=shakespeare_char", "optim=adamw", "optim.lr=1e-3",
                "train.max_steps=2000", "optim.lr_decay_steps=2000"]  # as the preset says
-    adamw = RunConfig.from_config(compose("config", nanogpt), "x")
+    adamw = run_from(compose("config", nanogpt), "x")
     assert (adamw.optim.name, adamw.optim.lr, adamw.optim.beta1, adamw.optim.lr_decay_steps,
             adamw.train.max_steps) == ("adamw", 1e-3, 0.8, 2000, 2000)
 
@@ -130,10 +135,12 @@ def test_short_run_lowers_the_loss_and_writes_a_loadable_checkpoint(trained_run)
     assert val_loss == pytest.approx(metrics["val_loss"], abs=1e-6)
 
 
+@pytest.mark.slow
 def test_the_figure_helper_starts_laying_out_the_probe_prompt_before_the_optimizer_is_built(
         corpus, tmp_path, monkeypatch):
     calls = []
-    start, build = tinylm.train.figure_process.Extras.start, tinylm.train.configure_optimizer
+    start = tinylm.train.figure_process.Extras.start
+    build = tinylm.train.trainer.configure_optimizer
 
     def start_helper(self, warm_up=None, *args):
         calls.append(("helper", getattr(warm_up, "__name__", None), *args))
@@ -202,6 +209,7 @@ def assert_same_run(run_dir, full_dir, metrics, full_metrics):
         assert all(torch.equal(resumed[k], uninterrupted[k]) for k in resumed)
 
 
+@pytest.mark.slow
 def test_resume_after_sigint_matches_the_uninterrupted_run_bit_for_bit(
         corpus, trained_run, tmp_path, monkeypatch):
     run_dir = tmp_path / "run"
@@ -219,6 +227,7 @@ def test_resume_after_sigint_matches_the_uninterrupted_run_bit_for_bit(
     assert_same_run(run_dir, full_dir, metrics, full_metrics)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("no_symlinks", ["windows"], indirect=True)  # vfat: test_checkpoint
 def test_where_no_symlink_can_be_made_a_run_stops_and_resumes_through_its_tag_files(
         corpus, trained_run, tmp_path, monkeypatch, no_symlinks):
@@ -240,13 +249,14 @@ def test_where_no_symlink_can_be_made_a_run_stops_and_resumes_through_its_tag_fi
     assert_same_run(run_dir, full_dir, metrics, full_metrics)
 
 
+@pytest.mark.slow
 def test_threads_auto_resumes_with_the_count_the_run_started_with(
         corpus, tmp_path, monkeypatch, caplog):
     """auto would choose 1 thread at the resume (the machine got busier): the resume keeps the
     first run's 2, and ends with exactly the weights and losses of the uninterrupted run."""
     chosen = []
 
-    def auto(setting, since=None, team_when_full=False):
+    def auto(setting, since=None):
         chosen.append(chosen[-1] if chosen else 2)
         return tinylm.train.threads.ThreadChoice(chosen[-1], "auto: test")
 
@@ -273,19 +283,7 @@ def test_threads_auto_resumes_with_the_count_the_run_started_with(
     assert "float32 on cpu, 2 threads (resumed run's count)" in start_up
 
 
-def test_training_takes_a_team_of_threads_that_sleep_beside_work_that_fills_the_cores(
-        corpus, tmp_path, monkeypatch, caplog):
-    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)
-    monkeypatch.setattr(tinylm.train.threads, "busy_cpus", lambda cpus, since=None: (1.9, "test"))
-    monkeypatch.setenv("OMP_WAIT_POLICY", "passive")  # as tinylm-train sets it before torch
-    monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
-    with caplog.at_level("INFO", logger="tinylm.train"):
-        train(run_config(corpus, tmp_path / "run", "train.threads=auto", "train.max_steps=1"))
-    start_up = next(r.message for r in caplog.records if r.message.startswith("Model:"))
-    assert ("2 threads (auto: 2 usable cores, 1.9 busy with other work (test), every core "
-            "busy: a share of them, with threads that sleep while they wait)") in start_up
-
-
+@pytest.mark.slow
 def test_a_resume_with_another_explicit_thread_count_uses_it_and_says_so(
         corpus, trained_run, tmp_path, caplog):
     source = resolve_checkpoint_dir(trained_run[0], "last")  # trained with train.threads=1
@@ -298,6 +296,7 @@ def test_a_resume_with_another_explicit_thread_count_uses_it_and_says_so(
                "may then differ in the last digits" in r.message for r in caplog.records)
 
 
+@pytest.mark.slow
 def test_threads_auto_is_chosen_at_start_and_said_in_the_start_up_line(
         corpus, tmp_path, monkeypatch, caplog):
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1, 2}, raising=False)
@@ -311,6 +310,7 @@ def test_threads_auto_is_chosen_at_start_and_said_in_the_start_up_line(
         in start_up
 
 
+@pytest.mark.slow
 def test_resume_from_a_checkpoint_path_continues_into_a_new_run_dir(corpus, trained_run, tmp_path):
     full_dir, _ = trained_run
     source = resolve_checkpoint_dir(full_dir, "best")
@@ -321,6 +321,7 @@ def test_resume_from_a_checkpoint_path_continues_into_a_new_run_dir(corpus, trai
     assert [s for s, _ in scalars(tmp_path / "more", "train/loss")] == list(range(31, 36))
 
 
+@pytest.mark.slow
 def test_a_crash_while_saving_leaves_the_previous_checkpoint_loadable(
         corpus, tmp_path, monkeypatch):
     save = torch.save
@@ -334,6 +335,7 @@ def test_a_crash_while_saving_leaves_the_previous_checkpoint_loadable(
     assert torch.load(ckpt.trainer_state_path, weights_only=True)["step"] == 20
 
 
+@pytest.mark.slow
 def test_nan_loss_stops_the_run_and_keeps_the_last_good_checkpoint(
         corpus, tmp_path, monkeypatch):
     cross_entropy, calls = tinylm.model.lm_head_cross_entropy, []
@@ -353,39 +355,6 @@ def test_nan_loss_stops_the_run_and_keeps_the_last_good_checkpoint(
 
 
 # ----------------------------------------------------------------------------- bad input
-
-
-@pytest.mark.parametrize("override, message", [
-    ("trian.max_steps=5", "unknown config key or group trian"),
-    ("train.max_step=5", "unknown config key train.max_step (in train.max_step=5); "
-                         "allowed under train: max_steps,"),
-    ("model=huge", "model=huge: there is no model/huge.yaml; allowed model options: default"),
-    ("experiment=nope", "allowed experiment options: shakespeare_char"),
-    ("+model.n_layers=3", "unknown config key model.n_layers; allowed under model:"),
-    ("model.n_embd=130", "model.n_embd=130 is not allowed: must be divisible by model.n_head=4"),
-    ("train.batch_size=0", "train.batch_size=0 is not allowed: must be an integer >= 1"),
-    ("optim.lr=-0.001", "optim.lr=-0.001 is not allowed: must be a finite number >= 0"),
-    ("train.precision=fp8", "train.precision='fp8' is not allowed; allowed: auto, fp32, bf16"),
-    ("train.threads=0", "train.threads=0 is not allowed: must be auto or an integer >= 1"),
-    ("optim.name=sgd", "optim.name='sgd' is not allowed; allowed: adamw, muon"),
-])
-def test_bad_command_lines_are_refused_in_one_line_naming_key_and_value(override, message):
-    with pytest.raises(ConfigError) as refused:
-        check_command_line([override], "config", build_run_config)
-    assert message in str(refused.value)
-    assert "\n" not in str(refused.value)
-
-
-def test_an_experiment_on_the_command_line_passes_the_check():
-    cfg = check_command_line(["experiment=shakespeare_char"], "config", build_run_config)
-    assert cfg.optim.name == "muon" and cfg.train.batch_size == 12
-
-
-def test_every_value_of_a_sweep_is_checked():
-    check_command_line(["optim.lr=1e-3,3e-3", "model.n_layer=1,2"], "config", build_run_config)
-    with pytest.raises(ConfigError, match="optim.lr=-1.0 is not allowed"):
-        check_command_line(["model.n_layer=1,2", "optim.lr=1e-3,-1.0"], "config",
-                           build_run_config)
 
 
 def test_block_size_longer_than_the_corpus_is_refused_by_name(corpus, tmp_path):
@@ -417,6 +386,7 @@ def test_resume_from_a_checkpoint_of_another_shape_or_tokenizer_says_what_differ
         train(run_config(corpus, tmp_path / "run", override, f"train.resume={full_dir}"))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("max_steps", [30, 20])
 def test_resume_from_a_checkpoint_at_or_past_max_steps_is_refused_before_any_work(
         corpus, trained_run, tmp_path, max_steps):
@@ -468,6 +438,7 @@ def test_command_line_trains_prints_next_steps_and_refuses_bad_input_in_one_line
         "model.n_head=4"]
 
 
+@pytest.mark.slow
 def test_compile_without_a_cpp_compiler_stops_in_one_line_that_says_what_to_do(corpus, tmp_path):
     # Windows without Visual Studio's build tools, a Mac without Xcode's: inductor finds no
     # compiler for its CPU kernels at the first step

@@ -7,7 +7,7 @@ import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from tinylm.checkpoint import load_checkpoint
-from tinylm.config import project_root
+from tinylm.files import project_root
 
 pytestmark = pytest.mark.slow
 

@@ -9,22 +9,24 @@ from pathlib import Path
 
 import pytest
 
-from tinylm.config import project_root
+from tinylm.files import project_root
 
 pytestmark = pytest.mark.slow
 
 COMPOSE = """
 from hydra import compose, initialize_config_dir
-import tinylm.config
+from omegaconf import OmegaConf
+from tinylm.cli import config_dir, register, run_schemas
 from tinylm.train.run_config import RunConfig
-conf = tinylm.config.config_dir()
+conf = config_dir()
+register(run_schemas())
 with initialize_config_dir(config_dir=str(conf), version_base="1.3"):
     cfg = compose("config", ["experiment=shakespeare_char", "train.max_steps=7"])
-run = RunConfig.from_config(cfg, "x")
+run = RunConfig.from_config(OmegaConf.to_container(cfg, resolve=True), "x")
 print(conf, run.data.name, run.tokenizer.name, run.model.n_embd, run.train.max_steps)
-from tinylm.cli.probe import ProbeConfig, probe_files
+from tinylm.inspection.probe import probe_files
 from tinylm.inspection.probe_items import load_probe_file
-print(*(f"{path}:{len(load_probe_file(path))}" for path in probe_files(ProbeConfig())))
+print(*(f"{path}:{len(load_probe_file(path))}" for path in probe_files(None)))
 """
 # The default run (TinyStories sample, BPE), made small enough for a test.
 TINY = ["tokenizer.vocab_size=300", "model.n_layer=1", "model.n_head=2", "model.n_embd=16",

@@ -58,14 +58,9 @@ class AttentionSteps(NamedTuple):
     output: torch.Tensor  # weights · v, (..., T_q, d_v)
 
 
-def attention_steps(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    mask: torch.Tensor | None = None,
-    is_causal: bool = False,
-    dropout_p: float = 0.0,
-) -> AttentionSteps:
+def attention_steps(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                    mask: torch.Tensor | None = None, is_causal: bool = False,
+                    dropout_p: float = 0.0) -> AttentionSteps:
     """Scaled dot-product attention, keeping each step. Shapes: q (..., T_q, d), k/v (..., T_k, d).
 
     `mask` is boolean and broadcastable to (..., T_q, T_k); True marks a position the query must
@@ -88,8 +83,8 @@ def attention_steps(
     if is_causal:
         causal = causal_mask(t_q, t_k, q.device)
         hidden = causal if hidden is None else (hidden | causal)
-    # masked_fill(hidden, -inf), written as where(): the same values, and on a CPU ~1.7x faster
-    # than masked_fill with a mask broadcast over the batch and heads
+    # masked_fill(hidden, -inf) written as where(): the same values, faster on a CPU with a mask
+    # broadcast over the batch and heads
     masked = scaled if hidden is None else torch.where(hidden, float("-inf"), scaled)
 
     # Subtracting the row max leaves softmax unchanged and keeps every exponent <= 0, so exp()
@@ -97,10 +92,8 @@ def attention_steps(
     row_max = masked.amax(dim=-1, keepdim=True)
     row_max = row_max.masked_fill(torch.isinf(row_max), 0.0)
     shifted = masked - row_max
-    # exp(x) computed as 2^(x·log₂e): within 6e-8 of exp (the exps are <= 1), a few float32
-    # ulps where an exp is large enough to weigh. PyTorch's CPU exp goes through MKL, which takes
-    # a slow path for exp(-inf), the hidden half of every causal row: ~4x slower than exp2 there
-    # on an AMD Zen 3 (docs/benchmarks.md).
+    # exp(x) computed as 2^(x·log₂e), within 6e-8 of exp (the exps are <= 1): PyTorch's CPU exp
+    # takes a slow path for exp(-inf), the hidden half of every causal row.
     exps = torch.exp2(shifted * LOG2_E)
     exp_sum = exps.sum(dim=-1, keepdim=True)
     weights = exps / exp_sum.clamp_min(torch.finfo(exps.dtype).tiny)
@@ -139,8 +132,7 @@ def scaled_dot_product_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tens
 def softmax_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                       dropout_p: float = 0.0) -> torch.Tensor:
     """Causal attention_steps(...).output keeping no step: the fast path on a CPU for bf16,
-    where it beats PyTorch's fused kernel, and for dropout, which that kernel lacks
-    (docs/benchmarks.md).
+    where it beats PyTorch's fused kernel, and for dropout, which that kernel lacks.
 
     The same arithmetic in fewer passes: the mask is added as 0 / -inf (exp(-inf) = 0) in the
     same kernel that scales q·kᵀ, and PyTorch's softmax subtracts the row max just as
@@ -265,17 +257,13 @@ class MultiHeadAttention(nn.Module):
         """x (B, T, C) -> each head's q, k, v, (B, nh, T, hs) each."""
         B, T, C = x.size()
         qkv = self.qkv_proj(x).view(B, T, 3, self.n_head, self.head_size)
-        # (3, B, nh, T, hs), then one (B, nh, T, hs) view each: 3 calls where split, view and
-        # transpose per tensor take 7, which counts when decoding one token at a time
+        # (3, B, nh, T, hs), then one (B, nh, T, hs) view each: fewer calls than split, view
+        # and transpose per tensor, which counts when decoding one token at a time
         return qkv.permute(2, 0, 3, 1, 4).unbind(0)
 
-    def forward(
-        self,
-        x: torch.Tensor,
-        kv_cache: LayerCache | None = None,
-        need_weights: bool = False,
-        head_mask: torch.Tensor | None = None,
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def forward(self, x: torch.Tensor, kv_cache: LayerCache | None = None,
+                need_weights: bool = False, head_mask: torch.Tensor | None = None
+                ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """x (B, T, C) -> (y (B, T, C), weights (B, n_head, T_q, T_k) or None).
 
         `kv_cache` (this layer's slot of a KVCache) stores this step's keys/values after the
@@ -294,10 +282,8 @@ class MultiHeadAttention(nn.Module):
         else:
             weights = None
             if q.device.type == "cpu" and (q.dtype == torch.bfloat16 or dropout_p > 0):
-                # PyTorch's fused CPU kernel is ~2.5x slower in bf16 than in fp32 (torch 2.13,
-                # forward + backward), and plain bmm + softmax beats both. It has no dropout:
-                # given one, PyTorch computes the weights itself and drops them with F.dropout,
-                # whose mask costs more than tinylm.dropout's (docs/benchmarks.md)
+                # PyTorch's fused CPU kernel is slow in bf16, where plain bmm + softmax beats
+                # it, and has no dropout (PyTorch then falls back to F.dropout's costlier mask)
                 y = softmax_attention(q, k, v, dropout_p)
             else:
                 y = self._fused_attention(q, k, v, dropout_p)

@@ -13,13 +13,12 @@ Layout inside a run directory:
       last -> step-0000500     symlinks, switched atomically (tag files where there are none)
       best -> step-0000250
 
-A checkpoint is first written to a hidden temporary directory, flushed to disk and renamed into
-place; only then is `last` (or `best`) re-pointed, with an atomic rename of a fresh symlink. On
-Windows, and on disks that hold no symlinks (FAT, exFAT), a tag is instead a one-line file naming
-its step directory, replaced the same way.
-Killed at any moment, the run directory still holds the previous complete checkpoint. Weights
-that are not finite are never written, and a write that fails (a full disk) leaves nothing
-behind. One process writes a run directory at a time: `run_dir_lock`.
+A checkpoint is written to a hidden directory, flushed to disk and renamed into place; only then
+is a tag re-pointed, by renaming a fresh symlink (or, on Windows and on disks without symlinks,
+a one-line file naming the step directory) onto it. Killed at any moment, the run directory
+still holds the previous complete checkpoint. Weights that are not finite are never written, a
+write that fails (a full disk) leaves nothing behind, and one process at a time writes a run
+directory (`run_dir_lock`).
 """
 
 from __future__ import annotations
@@ -108,25 +107,20 @@ def _point(checkpoints: Path, tag: str, target: str) -> None:
     tmp = checkpoints / f"{_TMP_PREFIX}{tag}-{os.getpid()}"  # this process's own name
     if tmp.is_symlink() or tmp.exists():
         tmp.unlink()
-    if not _symlinked(target, tmp):
+    # Windows: symlinks need a privilege most users lack, and os.replace cannot move a
+    # directory's link onto another, so it always gets tag files
+    linked = os.name != "nt"
+    if linked:
+        try:
+            os.symlink(target, tmp)
+        except OSError as err:
+            if err.errno not in _NO_SYMLINKS:
+                raise
+            linked = False
+    if not linked:
         tmp.write_text(f"{target}\n", encoding="utf-8")
         _fsync(tmp)
     os.replace(tmp, checkpoints / tag)
-
-
-def _symlinked(target: str, link: Path) -> bool:
-    """Make `link` a symlink to `target`; False where symlinks cannot be made here."""
-    if os.name == "nt":
-        # symlinks need a privilege most users lack, and os.replace cannot move a directory's
-        # link onto another: Windows always gets tag files
-        return False
-    try:
-        os.symlink(target, link)
-    except OSError as err:
-        if err.errno not in _NO_SYMLINKS:
-            raise
-        return False
-    return True
 
 
 def tagged(checkpoints: Path, tag: str) -> Path | None:
@@ -206,13 +200,6 @@ def run_dir_lock(run_dir: str | Path) -> Iterator[None]:
             run_dir.rmdir()
 
 
-def check_finite(model: TinyLM) -> None:
-    """NonFiniteWeights naming the first parameter that holds NaN or inf."""
-    for name, p in model.named_parameters():
-        if not torch.isfinite(p).all():
-            raise NonFiniteWeights(f"the weights are not finite ({name} holds NaN or inf)")
-
-
 def mount_point(path: Path) -> Path:
     """The mount point (the disk) that holds `path`."""
     path = path.resolve()
@@ -221,22 +208,18 @@ def mount_point(path: Path) -> Path:
     return path
 
 
-def save_checkpoint(
-    run_dir: str | Path,
-    model: TinyLM,
-    tokenizer: Any,
-    run_config: dict,
-    step: int,
-    trainer_state: dict | None = None,
-    tags: tuple[str, ...] = ("last",),
-) -> Path:
+def save_checkpoint(run_dir: str | Path, model: TinyLM, tokenizer: Any, run_config: dict,
+                    step: int, trainer_state: dict | None = None,
+                    tags: tuple[str, ...] = ("last",)) -> Path:
     """Write a complete checkpoint for `step` and point each tag ("last", "best") at it."""
     for tag in tags:
         if tag not in TAGS:
             raise ValueError(f"checkpoint tag {tag!r} is not allowed; allowed: {', '.join(TAGS)}")
     model = getattr(model, "module", model)  # unwrap DistributedDataParallel
     model = getattr(model, "_orig_mod", model)  # unwrap torch.compile
-    check_finite(model)  # a diverged model is never named a checkpoint, let alone a good one
+    for param_name, p in model.named_parameters():  # a diverged model is never a checkpoint
+        if not torch.isfinite(p).all():
+            raise NonFiniteWeights(f"the weights are not finite ({param_name} holds NaN or inf)")
     checkpoints = Path(run_dir) / CHECKPOINTS_DIR
     checkpoints.mkdir(parents=True, exist_ok=True)
 
@@ -278,16 +261,6 @@ def save_checkpoint(
     return checkpoints / name
 
 
-def _warn_dangling(base: Path, chosen: str, found: Path) -> None:
-    """Say so when a tag was passed over for `chosen` (naming `found`) because the step it
-    names is missing."""
-    for tag in TAGS:
-        named = tagged(base, tag)
-        if tag != chosen and named is not None and not named.is_dir():
-            log.warning(f"{base / tag} points at {named.name}, which is missing; "
-                        f"using {chosen} ({found.name}) instead")
-
-
 def resolve_checkpoint_dir(path: str | Path, prefer: str = "best") -> Path:
     """The checkpoint directory meant by `path`: a run dir, its checkpoints/, one checkpoint, or
     a tag (`checkpoints/best`, a link or a tag file).
@@ -310,9 +283,14 @@ def resolve_checkpoint_dir(path: str | Path, prefer: str = "best") -> Path:
     for base in (path, path / CHECKPOINTS_DIR):
         for tag in order:
             found = tagged_checkpoint(base, tag)
-            if found is not None:
-                _warn_dangling(base, tag, found)
-                return found
+            if found is None:
+                continue
+            for other in TAGS:  # say so when a tag was passed over: the step it names is gone
+                named = tagged(base, other)
+                if other != tag and named is not None and not named.is_dir():
+                    log.warning(f"{base / other} points at {named.name}, which is missing; "
+                                f"using {tag} ({found.name}) instead")
+            return found
     raise FileNotFoundError(
         f"no checkpoint found in {path}: expected {path / WEIGHTS_FILE}, or "
         f"{path / CHECKPOINTS_DIR}/best or {path / CHECKPOINTS_DIR}/last")
@@ -378,8 +356,7 @@ def load_checkpoint(path: str | Path, device: str | torch.device = "cpu",
 
 def default_logdir(checkpoint_dir: Path, kind: str = "inspect") -> Path:
     """<run dir>/<kind>/<timestamp> for a checkpoint inside <run dir>/checkpoints/."""
-    checkpoint_dir = Path(checkpoint_dir)
-    run_dir = checkpoint_dir.parent
+    run_dir = Path(checkpoint_dir).parent
     if run_dir.name == "checkpoints":
         run_dir = run_dir.parent
     return run_dir / kind / time.strftime("%Y-%m-%d_%H-%M-%S")

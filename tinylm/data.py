@@ -1,26 +1,16 @@
 """Corpus -> token ids on disk -> random training windows.
 
-From the command line (Hydra, same conf/ tree as training):
-
-    tinylm-prepare                                      # embedded TinyStories sample, BPE 4096
-    tinylm-prepare data=tinyshakespeare tokenizer=char
-    tinylm-prepare data=text 'data.files=[notes/*.txt]'
-    tinylm-prepare data=tinystories_hub                 # the full TinyStories, streamed (online)
-
-In code (training calls the same function, which returns at once when the cache is current):
-
-    prepared = prepare_data(DataConfig(), TokenizerConfig(), log=print)   # log: progress lines
+    prepared = prepare_data(DataConfig(), TokenizerConfig(), log=print)   # or: tinylm-prepare
     sampler = BatchSampler(prepared.train_path, block_size=128, batch_size=16, seed=1337)
     x, y = sampler.next_batch("cpu")                    # (B, T) int64; y is x shifted by one
 
-Preparing streams the corpus (tinylm/sources.py: local files or the hub) as rows, routes each row
-to the training or validation split (tinylm/splits.py), trains the tokenizer on at most
+prepare_data streams the corpus (tinylm/corpus.py) as rows, trains the tokenizer on at most
 tokenizer.train_bytes of the training rows and appends the ids a chunk of rows at a time to
 <cache_dir>/<corpus>-<tokenizer>/{train.bin, val.bin}, beside tokenizer.json and meta.json
-(tinylm/corpus_cache.py). So memory stays flat whatever the corpus size. meta.json keeps a
-fingerprint of the input files' contents and of every setting, so a second run with the same
-inputs reuses the directory and anything changed rebuilds it. A build happens in a temporary
-directory that is renamed into place when complete: no half-written cache is ever visible.
+(data/README.md), so memory stays flat whatever the corpus size. meta.json keeps a fingerprint
+of the inputs' contents and of every setting: a second run with the same ones reuses the
+directory (training calls prepare_data too), anything changed rebuilds it. A build is written to
+a hidden directory renamed into place when complete: no half-written cache is ever visible.
 """
 
 from __future__ import annotations
@@ -29,6 +19,8 @@ import dataclasses
 import hashlib
 import itertools
 import json
+import os
+import secrets
 import shutil
 import time
 from collections.abc import Callable
@@ -39,18 +31,19 @@ import numpy as np
 import tokenizers
 import torch
 
-from tinylm.config import integer, number, one_of
-from tinylm.corpus_cache import (
-    PreparedData,
-    bin_dtype,
-    hidden_sibling,
-    open_cache,
-    publish,
-    write_ids,
+from tinylm.config import bad, integer, number, one_of
+from tinylm.corpus import (
+    SplitPlan,
+    check_embedded,
+    data_root,
+    plan_hub_split,
+    plan_local_split,
+    plural,
+    resolve_files,
+    scan_file,
+    training_texts,
 )
-from tinylm.sources import check_embedded, data_root, resolve_files, scan_file
-from tinylm.splits import plan_hub_split, plan_local_split, plural, training_texts
-from tinylm.tokenizer import EOT, TokenizerConfig, train_tokenizer
+from tinylm.tokenizer import EOT, Tokenizer, TokenizerConfig, load_tokenizer, train_tokenizer
 
 FORMAT_VERSION = 1  # bump when what prepare_data writes changes: old caches then rebuild
 SOURCES = ("local", "hub")
@@ -60,6 +53,7 @@ ON_DECODE_ERROR = ("strict", "replace")
 # What joins two rows of a local file back into the text they were cut from; whole documents
 # are joined by <|endoftext|> instead, so the model sees where one ends.
 ROW_JOINER = {"line": "\n", "paragraph": "\n\n", "document": EOT}
+ENCODE_CHUNK = 1 << 20  # characters of rows encoded together (tokenizers spreads them on cores)
 
 
 @dataclass
@@ -97,12 +91,11 @@ class DataConfig:
             raise ValueError("data.files is empty: name the local text files (paths or globs), "
                              "e.g. data=text 'data.files=[notes/*.txt]'")
         if not isinstance(self.files, list) or not all(isinstance(f, str) for f in self.files):
-            raise ValueError(f"data.files={self.files!r} is not allowed: must be a list of "
-                             "paths or globs")
+            raise bad("data.files", self.files, "must be a list of paths or globs")
         integer("data.max_documents", self.max_documents, least=2, null="for all")
         if not self.name or "/" in self.name:
-            raise ValueError(f"data.name={self.name!r} is not allowed: it names the cache "
-                             "directory, so it must be non-empty and without '/'")
+            raise bad("data.name", self.name, "it names the cache directory, so it must be "
+                      "non-empty and without '/'")
 
     @property
     def split_kind(self) -> str:
@@ -124,14 +117,129 @@ class DataConfig:
         return EOT if self.source == "hub" else ROW_JOINER[self.sample_by]
 
 
+# ------------------------------------------------------------------------ the cache on disk
+
+@dataclass
+class PreparedData:
+    """A prepared corpus: where its ids are, what meta.json says, and its tokenizer."""
+
+    directory: Path
+    train_path: Path
+    val_path: Path
+    meta: dict
+    tokenizer: Tokenizer
+    from_cache: bool = False  # True when an earlier run's files were reused
+
+
+def bin_dtype(vocab_size: int) -> np.dtype:
+    """uint16 when every id fits in 16 bits (half the disk and page cache), else uint32."""
+    return np.dtype(np.uint16 if vocab_size <= 2**16 else np.uint32)
+
+
+class IdWriter:
+    """Appends one split's ids to its .bin file a chunk of rows at a time, the joiner's ids
+    between consecutive rows; counts rows and tokens."""
+
+    def __init__(self, path: Path, tokenizer: Tokenizer, joiner: str):
+        self.file = open(path, "wb")
+        self.tokenizer, self.dtype = tokenizer, bin_dtype(tokenizer.vocab_size)
+        self.joiner_ids = np.array(tokenizer.encode(joiner), dtype=self.dtype)
+        self.pending: list[str] = []
+        self.pending_chars = self.rows = self.tokens = 0
+
+    def add(self, row: str) -> None:
+        self.pending.append(row)
+        self.pending_chars += len(row)
+        if self.pending_chars >= ENCODE_CHUNK:
+            self.flush()
+
+    def flush(self) -> None:
+        pieces = []
+        for ids in self.tokenizer.encode_batch(self.pending):
+            if self.rows > 0:
+                pieces.append(self.joiner_ids)
+            pieces.append(np.array(ids, dtype=self.dtype))
+            self.rows += 1
+        if pieces:
+            chunk = np.concatenate(pieces)
+            chunk.tofile(self.file)
+            self.tokens += len(chunk)
+        self.pending, self.pending_chars = [], 0
+
+
+def write_ids(plan: SplitPlan, tokenizer: Tokenizer, joiner: str, directory: Path
+              ) -> dict[str, IdWriter]:
+    """Tokenize the corpus once into directory/{train,val}.bin; -> the writer of each split."""
+    writers = {split: IdWriter(directory / f"{split}.bin", tokenizer, joiner)
+               for split in ("train", "val")}
+    try:
+        for split, row in plan.rows():
+            writers[split].add(row)
+        for writer in writers.values():
+            writer.flush()
+    finally:
+        for writer in writers.values():
+            writer.file.close()
+    return writers
+
+
+def open_cache(directory: Path, expected: str) -> tuple[PreparedData | None, str | None]:
+    """(the prepared data in `directory`, None) if it holds the fingerprint `expected` and is
+    complete (the .bin sizes agree with meta.json's counts), else (None, why or None)."""
+    meta_path = directory / "meta.json"
+    if not directory.is_dir():
+        return None, None
+    try:
+        meta = json.loads(meta_path.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError) as err:
+        return None, f"{meta_path} is missing or unreadable ({err.__class__.__name__})"
+    if meta.get("fingerprint") != expected:
+        return None, "inputs or settings changed since it was written"
+    itemsize = np.dtype(meta.get("dtype", "uint16")).itemsize
+    for split in ("train", "val"):
+        path = directory / f"{split}.bin"
+        size = path.stat().st_size if path.is_file() else None
+        if size is None or size != meta.get(f"{split}_tokens", -1) * itemsize:
+            held = "is missing" if size is None else f"holds {size // itemsize:,} tokens"
+            return None, (f"{path.name} {held} but meta.json says "
+                          f"{meta.get(f'{split}_tokens')} tokens")
+    try:
+        tokenizer = load_tokenizer(directory / "tokenizer.json")
+    except (OSError, ValueError) as err:
+        return None, str(err)
+    if tokenizer.vocab_size != meta.get("vocab_size"):
+        return None, (f"tokenizer.json has {tokenizer.vocab_size} tokens but meta.json says "
+                      f"{meta.get('vocab_size')}")
+    return PreparedData(directory, directory / "train.bin", directory / "val.bin", meta,
+                        tokenizer, from_cache=True), None
+
+
+def hidden_sibling(directory: Path, label: str) -> Path:
+    """A fresh hidden name beside `directory`, unique to this process (for builds and trash)."""
+    return directory.with_name(f".{directory.name}.{label}-{os.getpid()}-{secrets.token_hex(4)}")
+
+
+def publish(build: Path, directory: Path) -> None:
+    """Move a finished build to `directory`, replacing an outdated one; never half-visible."""
+    trash = None
+    if directory.exists():
+        trash = hidden_sibling(directory, "old")
+        os.rename(directory, trash)
+    try:
+        os.rename(build, directory)
+    except OSError:
+        if not directory.is_dir():  # not "another process published the same build first"
+            raise
+    finally:
+        if trash is not None:
+            shutil.rmtree(trash, ignore_errors=True)
+
+
 # ------------------------------------------------------------------------------- preparing
 
 def fingerprint(data_cfg: DataConfig, tok_cfg: TokenizerConfig, inputs: list[dict]) -> str:
-    """SHA-256 of everything the prepared files depend on: input contents and all settings.
-
-    Where files live (data_root, cache_dir, absolute paths) is left out: moving the corpus does
-    not change the tokens.
-    """
+    """SHA-256 of everything the prepared files depend on: input contents and all settings, but
+    not where files live (data_root, cache_dir, paths): moving the corpus changes no token."""
     settings = dataclasses.asdict(data_cfg)
     for where in ("data_root", "cache_dir"):
         settings.pop(where)
@@ -214,12 +322,7 @@ def prepare_data(data_cfg: DataConfig, tok_cfg: TokenizerConfig, *, force: bool 
     finally:
         shutil.rmtree(build, ignore_errors=True)
 
-    prepared, problem = open_cache(directory, None)
-    if prepared is None:
-        raise RuntimeError(f"{directory} was just written but does not read back: {problem}")
-    prepared.from_cache = False
-    m = prepared.meta
-    dtype, unit = m["dtype"], data_cfg.row_unit
+    m, dtype, unit = meta, meta["dtype"], data_cfg.row_unit
     log(f"Wrote {directory}/ in {time.perf_counter() - start:.1f} s:\n"
         f"  train.bin       {m['train_tokens']:>12,} tokens ({dtype}, "
         f"{plural(m['train_rows'], unit)})\n"
@@ -228,7 +331,7 @@ def prepare_data(data_cfg: DataConfig, tok_cfg: TokenizerConfig, *, force: bool 
         f"  tokenizer.json  {m['tokenizer']}, vocab_size {m['vocab_size']:,} "
         f"({EOT} = id {m['eot_id']})\n"
         f"  meta.json       fingerprint {key[:12]}")
-    return prepared
+    return PreparedData(directory, directory / "train.bin", directory / "val.bin", meta, tokenizer)
 
 
 # ------------------------------------------------------------------------------ batch sampling

@@ -22,8 +22,7 @@ def resolve_device(name: str = "auto") -> torch.device:
 
 def has_fast_bf16(device: torch.device) -> bool:
     """Whether `device` multiplies bf16 matrices in hardware: CUDA GPUs that support bf16, CPUs
-    with AVX512-BF16 or AMX. Elsewhere PyTorch emulates bf16, slowly: on an AVX2-only CPU (AMD
-    Zen 3, torch 2.13) a 512² bf16 matmul ran at 1.3 GFLOP/s against 110 in fp32."""
+    with AVX512-BF16 or AMX. Elsewhere PyTorch emulates bf16, many times slower than fp32."""
     if device.type == "cuda":
         return torch.cuda.is_bf16_supported()
     if device.type == "cpu":

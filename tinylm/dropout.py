@@ -1,15 +1,13 @@
 """Dropout whose random mask costs a CPU a quarter of the random numbers.
 
 Training zeroes each element with probability p and scales the survivors by 1/(1 - p), so the
-expected output is the input. On a CPU, PyTorch draws F.dropout's mask with bernoulli_: a
-random number per element from one Mersenne Twister, on one thread. In the default run's
-training step that was ~20% of the time (docs/benchmarks.md). Here each 64-bit draw from the
-same generator gives four 16-bit numbers, and an element survives when its number is among the
-lowest round((1 - p)·65536): four times fewer draws. The keep probability is then k/65536,
-within 1/131072 of 1 - p, and survivors are scaled by 65536/k, its exact inverse, so the
-expected output is still the input. Seeding torch (torch.manual_seed) fixes the mask as before.
-
-Elsewhere F.dropout stays: CUDA draws its mask in the same kernel, and torch.compile fuses it.
+expected output is the input. On a CPU, F.dropout draws a random number per element from one
+Mersenne Twister on one thread, a large share of a small model's training step. Here each 64-bit
+draw from the same generator gives four 16-bit numbers, and an element survives when its number
+is among the lowest k = round((1 - p)·65536): the keep probability is k/65536, within 1/131072
+of 1 - p, and survivors are scaled by 65536/k, its exact inverse, so the expected output is
+still the input. Seeding torch (torch.manual_seed) fixes the mask as before. Elsewhere F.dropout
+stays: CUDA draws its mask in the same kernel, and torch.compile fuses it.
 """
 
 from __future__ import annotations

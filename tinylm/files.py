@@ -1,4 +1,4 @@
-"""Output files written whole or not at all.
+"""The files tinylm ships, and output files written whole or not at all.
 
 A run killed while it writes a report, a figure or the inspection's arrays must not leave a
 half-written file where the last good one was: each is written to a temporary file beside its
@@ -13,6 +13,21 @@ import os
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+
+PACKAGE_DIR = Path(__file__).resolve().parent
+
+
+def project_root() -> Path | None:
+    """The checkout that holds conf/, or None when tinylm runs from an installed wheel."""
+    root = PACKAGE_DIR.parent
+    return root if (root / "conf" / "config.yaml").is_file() else None
+
+
+def shipped_dir(in_checkout: str, in_wheel: str) -> Path:
+    """A folder of files tinylm ships: `in_checkout` under the checkout's root, or `in_wheel`
+    inside the installed package (pyproject's force-include maps one to the other)."""
+    root = project_root()
+    return root / in_checkout if root is not None else PACKAGE_DIR / in_wheel
 
 
 @contextmanager

@@ -1,13 +1,10 @@
 """Sampling text from a trained tinylm, with a KV cache, one token at a time.
 
-`sample_next` picks one token from logits; `generate` runs the decoding loop (on a CPU with
-PyTorch's own kernels and the weights stored column by column: `cpu_decoding`) and hands each
-new token to a callback;
-`StreamDecoder` turns tokens into printable text; `encode_prompt` crops a prompt to the context.
-The command, tinylm-generate, is tinylm/cli/generate.py:
+`generate` runs the decoding loop and hands each new token to a callback, `sample_next` picks
+one token from logits, `StreamDecoder` turns tokens into printable text and `encode_prompt`
+crops a prompt to the context. The command is tinylm-generate (tinylm/cli/generate.py):
 
     tinylm-generate checkpoint=runs/2025-01-01/12-00-00 prompt="Lily and Tom went to the park."
-    python scripts/generate.py checkpoint=<run> prompt="Once upon a time" temperature=0
 """
 
 from __future__ import annotations
@@ -20,20 +17,14 @@ import torch.nn.functional as F
 
 from tinylm.model import TinyLM
 
-# The smallest temperature above 0. Sampling divides the logits by it: at 1e-45 every logit
-# overflows float32 to +-inf and softmax returns NaN. Far above that, below 1e-3, sampling is
-# already greedy but for near-exact ties (a logit gap of 0.01 leaves the runner-up e^-10), so a
-# smaller value only adds the risk of overflow: temperature=0 (argmax) says greedy plainly.
+# The smallest temperature above 0: sampling divides the logits by it, and far smaller ones
+# overflow float32 (NaN) while sampling is already greedy here; temperature=0 says greedy plainly.
 MIN_TEMPERATURE = 1e-3
 
 
-def sample_next(
-    logits: torch.Tensor,
-    temperature: float = 1.0,
-    top_k: int | None = None,
-    top_p: float | None = None,
-    generator: torch.Generator | None = None,
-) -> torch.Tensor:
+def sample_next(logits: torch.Tensor, temperature: float = 1.0, top_k: int | None = None,
+                top_p: float | None = None, generator: torch.Generator | None = None
+                ) -> torch.Tensor:
     """Pick the next token from logits (B, V) -> ids (B,). temperature 0 = greedy (argmax)."""
     if temperature == 0:
         return logits.argmax(dim=-1)
@@ -53,47 +44,26 @@ def sample_next(
     return torch.multinomial(probs, num_samples=1, generator=generator).squeeze(-1)
 
 
-def float32_on_cpu(model: TinyLM) -> bool:
-    """Whether `model` computes in float32 on the CPU (outside autocast): where the two decoding
-    switches below were measured to pay."""
-    weights = model.wte.weight
-    return (weights.device.type == "cpu" and weights.dtype == torch.float32
-            and not torch.is_autocast_enabled("cpu"))
-
-
 @contextmanager
-def pytorch_cpu_kernels(model: TinyLM) -> Iterator[None]:
-    """Within: PyTorch's own CPU kernels instead of oneDNN's, for a float32 model on the CPU.
+def cpu_decoding(model: TinyLM) -> Iterator[None]:
+    """Within: one-token steps of a float32 CPU model set up to run fastest; elsewhere (bf16,
+    autocast, CUDA) nothing changes. Both changes are undone on the way out.
 
-    Decoding runs one token at a time, and oneDNN's set-up for each call then outweighs the work:
-    GELU on one token's 512 values takes ~20 µs through oneDNN against ~4 µs in PyTorch's kernel,
-    and a decoded token ~8% longer (AMD Zen 3, docs/benchmarks.md). Both compute the exact (erf)
-    GELU, within 5e-7 of each other. bf16 keeps oneDNN (its CPU matmuls run in it), and so does
-    anything under autocast. The switch is process-wide, so it is put back on the way out.
+    1. PyTorch's own CPU kernels instead of oneDNN's (a process-wide switch): for one token,
+       oneDNN's set-up per call outweighs the work. Both compute the exact (erf) GELU.
+    2. Every weight matrix stored column by column, with the same values and (out, in) shape:
+       a step multiplies one row by each weight's transpose, which PyTorch's CPU matmul reads
+       faster from a contiguous (in, out) copy once the weights have left the cache. The copies
+       hold the weights' memory a second time while decoding.
     """
-    plain = float32_on_cpu(model) and torch.backends.mkldnn.enabled
+    weights = model.wte.weight
+    float32_cpu = (weights.device.type == "cpu" and weights.dtype == torch.float32
+                   and not torch.is_autocast_enabled("cpu"))
+    plain = float32_cpu and torch.backends.mkldnn.enabled
+    kept = [(p, p.data) for p in model.parameters() if p.dim() == 2 and p.is_contiguous()] \
+        if float32_cpu else []
     if plain:
         torch.backends.mkldnn.enabled = False
-    try:
-        yield
-    finally:
-        if plain:
-            torch.backends.mkldnn.enabled = True
-
-
-@contextmanager
-def matrices_by_column(model: TinyLM) -> Iterator[None]:
-    """Within: every weight matrix of a float32 CPU model stored column by column, with the same
-    values and the same (out, in) shape; the model's own layout is put back on the way out.
-
-    A decoding step multiplies one row by each weight's transpose: (1, in) x (in, out). PyTorch's
-    CPU matmul reads that transpose of a row-major matrix more slowly than a contiguous (in, out)
-    one once the weights have left the cache, as they have by the next step: the LM head's
-    (1, 128) x (128, 4096) took 514 µs against 219 µs, and a decoded token ~20% less in all (AMD
-    Zen 3, docs/benchmarks.md). The copies hold the weights' memory a second time while decoding.
-    """
-    kept = [(p, p.data) for p in model.parameters() if p.dim() == 2 and p.is_contiguous()] \
-        if float32_on_cpu(model) else []
     for p, data in kept:
         p.data = data.t().contiguous().t()  # (out, in) values, (in, out) in memory
     try:
@@ -101,29 +71,16 @@ def matrices_by_column(model: TinyLM) -> Iterator[None]:
     finally:
         for p, data in kept:
             p.data = data
-
-
-@contextmanager
-def cpu_decoding(model: TinyLM) -> Iterator[None]:
-    """Within: how one-token steps of `model` run fastest, where that was measured (a float32
-    model on the CPU): pytorch_cpu_kernels and matrices_by_column. Elsewhere nothing changes."""
-    with pytorch_cpu_kernels(model), matrices_by_column(model):
-        yield
+        if plain:
+            torch.backends.mkldnn.enabled = True
 
 
 @torch.inference_mode()
-def generate(
-    model: TinyLM,
-    idx: torch.Tensor,
-    max_new_tokens: int,
-    temperature: float = 1.0,
-    top_k: int | None = None,
-    top_p: float | None = None,
-    generator: torch.Generator | None = None,
-    use_cache: bool = True,
-    stop_id: int | None = None,
-    on_token: Callable[[torch.Tensor], None] | None = None,
-) -> torch.Tensor:
+def generate(model: TinyLM, idx: torch.Tensor, max_new_tokens: int, temperature: float = 1.0,
+             top_k: int | None = None, top_p: float | None = None,
+             generator: torch.Generator | None = None, use_cache: bool = True,
+             stop_id: int | None = None, on_token: Callable[[torch.Tensor], None] | None = None
+             ) -> torch.Tensor:
     """Continue idx (B, T) by up to max_new_tokens tokens; returns (B, T + n_new).
 
     A prompt longer than block_size is read through its last block_size tokens. Once a row emits
@@ -166,9 +123,8 @@ def generate(
                 logits = model(next_id[:, None], kv_cache=kv_cache).logits[:, -1, :]
             else:
                 # Without a cache, or once the window is full: run the last block_size tokens
-                # again from position 0 (a sliding window). With the cache this re-prefill happens
-                # at every step past block_size, which is exactly what the cache-free path
-                # computes, so both paths keep giving the same tokens however long the text gets.
+                # again from position 0 (a sliding window), so that both paths keep giving the
+                # same tokens however long the text gets.
                 logits = context_logits(end)
         return out[:, :end]
 

@@ -1,16 +1,13 @@
 """The LM head and its cross-entropy in one pass, a slice of rows at a time.
 
 Training needs only the loss and its gradient, never the logits themselves. Yet the logits are
-the largest tensor of a training step: a (16, 128) batch over a 4096-token vocabulary gives a
-2048 x 4096 matrix, 32 MB in fp32, more than the processor's caches hold. Computed the usual
-way (`F.cross_entropy(h @ Wᵀ, targets)`), every pass over them streams it through memory: the
-cast to fp32 under autocast, log-softmax, its backward, the zero-filled gradient, the cast
-back. On a CPU those passes cost as much as the matmuls themselves.
+the largest tensor of a training step (a (16, 128) batch over a 4096-token vocabulary: 32 MB in
+fp32, more than a processor's caches hold), and computed the usual way every pass over them
+(the cast to fp32, log-softmax, its backward, the cast back) streams them through memory.
 
-Here the rows go through in chunks of ~1M logits (256 rows of a 4096-token vocabulary; see
-CHUNK_LOGITS). Each chunk's logits stay in cache while its loss *and* its gradient are
-computed, in the forward pass; backward only scales the saved gradients. For one row with
-hidden state h, logits z = W·h and target t:
+Here the rows go through in chunks of ~1M logits (CHUNK_LOGITS). Each chunk's logits stay in
+cache while its loss *and* its gradient are computed, in the forward pass; backward only scales
+the saved gradients. For one row with hidden state h, logits z = W·h and target t:
 
     loss     = logsumexp(z) - z[t]
     dloss/dz = softmax(z) - onehot(t)

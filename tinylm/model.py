@@ -146,15 +146,9 @@ class TinyLM(nn.Module):
         return KVCache(c.n_layer, batch_size, c.n_head, max_len or c.block_size,
                        c.n_embd // c.n_head, dtype=p.dtype, device=p.device)
 
-    def forward(
-        self,
-        idx: torch.Tensor,
-        targets: torch.Tensor | None = None,
-        kv_cache: KVCache | None = None,
-        return_attention: bool = False,
-        head_mask: torch.Tensor | None = None,
-        need_logits: bool = True,
-    ) -> LMOutput:
+    def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None,
+                kv_cache: KVCache | None = None, return_attention: bool = False,
+                head_mask: torch.Tensor | None = None, need_logits: bool = True) -> LMOutput:
         """idx (B, T) token ids -> LMOutput(logits (B, T, V), loss, attentions).
 
         targets (B, T): next-token ids; -1 positions are ignored in the loss.
@@ -163,7 +157,7 @@ class TinyLM(nn.Module):
         return_attention: also return every layer's weights, (B, n_head, T, T_k) each.
         head_mask (n_layer, n_head): multiplies each head's output; 0 ablates that head.
         need_logits=False (with targets): only the loss, computed without the (B, T, V) logits
-        (tinylm/loss.py), which makes a training step ~1.3x faster on a CPU; logits is None.
+        (tinylm/loss.py), which makes a training step faster on a CPU; logits is None.
         """
         B, T = idx.size()
         start = kv_cache.length if kv_cache is not None else 0

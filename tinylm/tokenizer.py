@@ -3,13 +3,10 @@
 Both map text to ids and back, give each token's character span in the text (attention pictures
 label their axes with it) and save to one JSON file that `load_tokenizer` tells apart.
 
-    from tinylm.tokenizer import TokenizerConfig, load_tokenizer, train_tokenizer
     tok = train_tokenizer(TokenizerConfig(name="bpe", vocab_size=512), ["Once upon a time ..."])
     ids, offsets = tok.encode_with_offsets("The cat sat. It purred.")
     tok.token_strings(ids)            # ['The', ' cat', ' sat', '.', ' It', ...]
     tok.save("tokenizer.json"); tok = load_tokenizer("tokenizer.json")
-
-Corpora are tokenized by `tinylm-prepare` (tinylm/data.py), which trains the tokenizer first.
 """
 
 from __future__ import annotations
@@ -115,13 +112,10 @@ class BPETokenizer(Tokenizer):
         self._bytes_of_symbol = _byte_symbols()
 
     @classmethod
-    def train(cls, texts: Iterable[str], vocab_size: int, length: int | None = None,
+    def train(cls, texts: Iterable[str], vocab_size: int,
               show_progress: bool | None = None) -> BPETokenizer:
-        """Learn merges on `texts` until vocab_size ids (fewer if the texts run out of pairs).
-
-        `show_progress`: draw progress bars; None = when stdout is a terminal (a Windows
-        `pythonw` process has no stdout at all: no bars).
-        """
+        """Learn merges on `texts` until vocab_size ids (fewer if the texts run out of pairs);
+        progress bars only where asked or, by default, when stdout is a terminal."""
         hf = HFTokenizer(models.BPE())
         # No normalizer: text must come back exactly as it went in (NFC would change accents).
         hf.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
@@ -130,10 +124,10 @@ class BPETokenizer(Tokenizer):
             vocab_size=vocab_size, special_tokens=[EOT],
             # all 256 bytes from the start, so text never seen in training still encodes
             initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-            # its progress bars draw on stdout; in a log file they are only blank lines
+            # in a log file the bars are only blank lines; pythonw has no stdout at all
             show_progress=(sys.stdout is not None and sys.stdout.isatty())
             if show_progress is None else show_progress)
-        hf.train_from_iterator(texts, trainer, length=length)
+        hf.train_from_iterator(texts, trainer)
         return cls(hf)
 
     @property
@@ -231,12 +225,12 @@ class CharTokenizer(Tokenizer):
         Path(path).write_text(json.dumps(data, ensure_ascii=False), encoding="utf-8")
 
 
-def train_tokenizer(cfg: TokenizerConfig, texts: Iterable[str], length: int | None = None,
+def train_tokenizer(cfg: TokenizerConfig, texts: Iterable[str],
                     show_progress: bool | None = None) -> Tokenizer:
-    """Train the tokenizer `cfg` names on `texts` (`length`: how many, for the progress bar)."""
+    """Train the tokenizer `cfg` names on `texts`."""
     if cfg.name == "char":
         return CharTokenizer.train(texts)
-    return BPETokenizer.train(texts, cfg.vocab_size, length=length, show_progress=show_progress)
+    return BPETokenizer.train(texts, cfg.vocab_size, show_progress=show_progress)
 
 
 def load_tokenizer(path: str | Path) -> Tokenizer:

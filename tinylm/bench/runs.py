@@ -1,13 +1,5 @@
-"""The benchmark sections that run whole programs: training beside other load, and the
-shakespeare_char run end to end as a user starts it.
-
-    tinylm-bench section=load        # a busy process beside training: threads=auto vs 2 threads,
-                                     # each way of starting in a process of its own
-    tinylm-bench section=endtoend    # tinylm-train experiment=shakespeare_char, with and without
-                                     # the evaluation extras, in a subprocess
-    tinylm-bench section=endtoend endtoend.nanogpt=../nanoGPT   # and nanoGPT's command after it
-
-Both return a `Section` like the others in tinylm/bench/sections.py.
+"""The sections that run whole programs: training beside other load (load), and a training run
+end to end as a user starts it, beside nanoGPT's command where a checkout is given (endtoend).
 """
 
 from __future__ import annotations
@@ -26,19 +18,19 @@ from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, replace
 from datetime import datetime
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import torch
 
+from tinylm.bench.config import EndToEndBenchConfig, LoadBenchConfig, nanogpt_option
 from tinylm.bench.sections import Ratio, Row, Section, Timing
 from tinylm.bench.train import training_step
+from tinylm.device import has_fast_bf16
 from tinylm.generate import generate
 from tinylm.model import ModelConfig, TinyLM
 from tinylm.train.optim import OptimConfig
-from tinylm.train.runtime import resolve_precision
+from tinylm.train.threads import apply_threads
 
-if TYPE_CHECKING:  # the command's configs; importing them at run time would be circular
-    from tinylm.cli.bench import EndToEndBenchConfig, LoadBenchConfig
+# ---------------------------------------------------------------------------------- load
 
 # What the other load is: a plain busy loop, and a PyTorch job with 2 intra-op threads.
 COMPETITORS = {
@@ -48,27 +40,19 @@ COMPETITORS = {
         "print('ready', flush=True)\nwhile True:\n    a @ a\n"),
 }
 
-
-# ---------------------------------------------------------------------------------- load
-
-# How OpenMP's threads wait is read once, when torch loads, so each way of starting is a process
-# of its own: "plain" as PyTorch starts by itself (and as tinylm-generate does), "tinylm-train"
-# as the training command does, which may have the threads wait passively (tinylm/train/threads.py).
-# Importing tinylm.train.threads first takes the sample of the cores that the commands take.
+# Each condition is timed in a new process, as a command starts: `auto` watches the cores over
+# the process's start-up.
 LOAD_WORKER = (
-    "import json, sys\nimport tinylm.train.threads\n"
-    "if sys.argv[1] == 'tinylm-train':\n    tinylm.train.threads.wait_passively_if_cores_full()\n"
+    "import json, sys\nfrom tinylm.train.threads import start_sample\nsince = start_sample()\n"
     "from tinylm.bench.runs import load_worker\n"
-    "print(json.dumps(load_worker(sys.argv[1], json.loads(sys.argv[2]))))\n")
-
-# set by the commands or a user's shell (how OpenMP's threads wait, how many there are);
-# each process here starts from torch's own defaults
-WAIT_SETTINGS = ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "OMP_NUM_THREADS")
+    "print(json.dumps(load_worker(json.loads(sys.argv[1]), since)))\n")
 
 
 def default_environment(**extra: str) -> dict[str, str]:
-    """This process's environment without the OpenMP settings of WAIT_SETTINGS, plus `extra`."""
-    return {**{k: v for k, v in os.environ.items() if k not in WAIT_SETTINGS}, **extra}
+    """This process's environment without its OpenMP settings (torch's own defaults), plus
+    `extra`."""
+    return {**{k: v for k, v in os.environ.items() if not k.startswith(("OMP_", "GOMP_"))},
+            **extra}
 
 
 @contextlib.contextmanager
@@ -87,56 +71,49 @@ def competitor(code: str) -> Iterator[subprocess.Popen]:
         process.wait()
 
 
-def load_worker(start: str, spec: dict) -> dict:
-    """In a process started by LOAD_WORKER: time the candidates of one way of starting.
-
-    plain: training and decoding with spec["fixed_threads"], decoding with generate's `auto`;
-    tinylm-train: training with the training command's `auto`. Returns the seconds of every
-    timed call by candidate, and what auto chose and why."""
-    from tinylm.train.threads import apply_threads, start_sample
-
-    since = start_sample()
+def load_worker(spec: dict, since=None) -> dict:
+    """In the process LOAD_WORKER starts: time training steps (and decoding) with the threads
+    `auto` chooses, with spec["fixed_threads"], and (spec["quiet"]) with 1 thread. Returns the
+    seconds of every timed call by candidate, and what auto chose and why (`since`: the cores'
+    sample at the process's start)."""
     model_cfg, B = ModelConfig(**spec["model"]), spec["batch_size"]
     x = torch.randint(0, model_cfg.vocab_size, (B, model_cfg.block_size))
     step = training_step(TinyLM(model_cfg), OptimConfig(**spec["optim"]), x, x.roll(-1, 1),
                          spec["precision"])
-    prompt = torch.randint(0, model_cfg.vocab_size, (1, 8))
     decoder = TinyLM(replace(model_cfg, dropout=0.0)).eval()
-    fixed = spec["fixed_threads"]
+    prompt = torch.randint(0, model_cfg.vocab_size, (1, 8))
+    auto = apply_threads("auto", since)
+    threads = {"auto": auto.threads, f"{spec['fixed_threads']} threads": spec["fixed_threads"]}
+    if spec["quiet"]:
+        threads["1 thread"] = 1
 
-    def with_threads(n: int, fn: Callable[[], object]) -> Callable[[], None]:
-        def call():
-            torch.set_num_threads(n)
-            fn()
-        return call
-
-    def train_calls():
+    def train():
         for _ in range(spec["steps_per_call"]):
             step()
 
-    def decode_call():
+    def decode():
         generate(decoder, prompt, spec["decode_tokens"], temperature=0.0)
 
-    if start == "tinylm-train":
-        auto = apply_threads("auto", since, team_when_full=True)
-        candidates = {"train, auto": with_threads(auto.threads, train_calls)}
-    else:
-        auto = apply_threads("auto", since)
-        candidates = {f"train, {fixed} threads": with_threads(fixed, train_calls)}
-        if spec["decode_tokens"]:
-            candidates[f"decode, {fixed} threads"] = with_threads(fixed, decode_call)
-            candidates["decode, auto"] = with_threads(auto.threads, decode_call)
-    measured = Timing(spec["repeats"], spec["warmup"]).run(candidates)
+    def on_threads(n: int, work: Callable[[], None]) -> Callable[[], None]:
+        def call():
+            torch.set_num_threads(n)
+            work()
+        return call
+
+    works = {"train": train, **({"decode": decode} if spec["decode_tokens"] else {})}
+    measured = Timing(spec["repeats"], spec["warmup"]).run({
+        f"{kind}, {label}": on_threads(n, work)
+        for kind, work in works.items() for label, n in threads.items()})
     return {"times_s": {name: row.times_s for name, row in measured.items()},
             "auto": auto.describe(), "auto_threads": auto.threads}
 
 
-def run_load_worker(start: str, spec: dict) -> dict:
-    """load_worker(start, spec) in a new Python process with torch's default environment."""
-    done = subprocess.run([sys.executable, "-c", LOAD_WORKER, start, json.dumps(spec)],
+def run_load_worker(spec: dict) -> dict:
+    """load_worker(spec) in a new Python process with torch's default environment."""
+    done = subprocess.run([sys.executable, "-c", LOAD_WORKER, json.dumps(spec)],
                           capture_output=True, text=True, env=default_environment())
     if done.returncode != 0:
-        raise RuntimeError(f"the {start} worker of the load section failed: "
+        raise RuntimeError("the worker of the load section failed: "
                            f"{(done.stderr.strip().splitlines() or ['?'])[-1]}")
     return json.loads(done.stdout.splitlines()[-1])
 
@@ -144,47 +121,42 @@ def run_load_worker(start: str, spec: dict) -> dict:
 def bench_load(model_cfg: ModelConfig, optim: OptimConfig, cfg: LoadBenchConfig,
                timing: Timing) -> Section:
     """Default training steps and batch-1 decoding, quiet and beside each competitor, with
-    threads=auto against a fixed count; tokens/s under load as a share of quiet tokens/s.
+    threads=auto and a fixed count; tokens/s under load as a share of the fair share: one
+    thread's quiet tokens/s, timed in the same round.
 
-    The conditions run in turns, `cfg.rounds` times, and each share is taken against the quiet
-    run of its own round, so that a minute in which the machine was slower falls on both sides
-    of a share; the ratios are the medians of the rounds' shares."""
+    The conditions run in turns, `cfg.rounds` times, so that a minute in which the machine was
+    slower falls on both sides of a share; the ratios are the medians of the rounds' shares."""
     B, T = cfg.batch_size, model_cfg.block_size
     optim = replace(optim, name=cfg.optim)
-    precision = "bf16" if resolve_precision("auto", torch.device("cpu")) == torch.bfloat16 \
-        else "fp32"
+    precision = "bf16" if has_fast_bf16(torch.device("cpu")) else "fp32"  # as precision=auto
     spec = {"model": asdict(model_cfg), "optim": asdict(optim), "precision": precision,
             "batch_size": B, "steps_per_call": cfg.steps_per_call,
             "decode_tokens": cfg.decode_tokens, "fixed_threads": cfg.fixed_threads,
             "repeats": math.ceil(timing.repeats / cfg.rounds), "warmup": timing.warmup}
-    conditions = ("quiet", *COMPETITORS)
     calls: dict[str, list[float]] = {}  # row name -> seconds of every timed call, all rounds
     shares: dict[tuple[str, str], list[float]] = {}  # (candidate, condition) -> one per round
-    # what auto chose in each round: (training's, decoding's)
-    choices: dict[str, list[tuple[dict, dict]]] = {condition: [] for condition in conditions}
+    workers: dict[str, list[dict]] = {"quiet": [], **{name: [] for name in COMPETITORS}}
 
     def tokens_per_call(candidate: str) -> int:
         return B * T * cfg.steps_per_call if candidate.startswith("train") else cfg.decode_tokens
 
     for _ in range(cfg.rounds):
-        quiet: dict[str, float] = {}
-        for condition in conditions:
+        fair: dict[str, float] = {}  # kind of work -> this round's quiet 1-thread tokens/s
+        for condition, by_round in workers.items():
             with contextlib.ExitStack() as stack:
                 if condition != "quiet":
                     stack.enter_context(competitor(COMPETITORS[condition]))
                 time.sleep(cfg.settle_s)
-                plain = run_load_worker("plain", spec)
-                trainer = run_load_worker("tinylm-train", spec)
-            choices[condition].append((trainer, plain))
-            for candidate, times in {**plain["times_s"], **trainer["times_s"]}.items():
+                worker = run_load_worker({**spec, "quiet": condition == "quiet"})
+            by_round.append(worker)
+            for candidate, times in worker["times_s"].items():
                 calls.setdefault(f"{candidate} ({condition})", []).extend(times)
                 speed = tokens_per_call(candidate) / statistics.median(times)
-                if condition == "quiet":
-                    quiet[candidate] = speed
-                else:  # the share of this round's quiet default (auto)
-                    kind = candidate.split(", ")[0]
-                    shares.setdefault((candidate, condition), []).append(
-                        speed / quiet[f"{kind}, auto"])
+                kind, label = candidate.split(", ")
+                if condition == "quiet" and label == "1 thread":
+                    fair[kind] = speed
+                elif condition != "quiet":
+                    shares.setdefault((candidate, condition), []).append(speed / fair[kind])
 
     rows = []
     for name, times in calls.items():
@@ -193,42 +165,34 @@ def bench_load(model_cfg: ModelConfig, optim: OptimConfig, cfg: LoadBenchConfig,
         rows.append(row)
     ratios, per_round = [], []
     for (candidate, condition), kept in shares.items():
-        target = None
-        if candidate == "train, auto":
-            target = 0.70 if condition == "one busy process" else 0.50
+        target = 0.9 if candidate == "train, auto" else None  # tinylm-train as users start it
+        if target is not None:
             per_round.append(f"{condition}: " + ", ".join(f"{share:.2f}" for share in kept))
-        ratios.append(Ratio(f"{candidate} beside {condition} / quiet auto, tokens/s",
+        ratios.append(Ratio(f"{candidate} beside {condition} / quiet 1 thread, tokens/s",
                             statistics.median(kept), target))
     notes = []
-    for condition, by_round in choices.items():
-        trainer, plain = by_round[0]
-        notes.append(f"{condition}: auto chose {trainer['auto']} for training, {plain['auto']} "
-                     "for decoding" + ("" if cfg.rounds == 1 else
-                                       f"; by round: {_counts(t for t, _ in by_round)} threads "
-                                       f"for training, {_counts(p for _, p in by_round)} for "
-                                       "decoding"))
+    for condition, by_round in workers.items():
+        note = f"{condition}: auto chose {by_round[0]['auto']}"
+        if cfg.rounds > 1:
+            chosen = ", ".join(str(worker["auto_threads"]) for worker in by_round)
+            note += f"; by round: {chosen} threads"
+        notes.append(note)
     notes += [f"{cfg.rounds} round{'s' if cfg.rounds != 1 else ''} of every condition in turns, "
               f"{spec['repeats']} timed call{'s' if spec['repeats'] != 1 else ''} per candidate "
               f"in each, after {timing.warmup} untimed; a ratio is the median of its rounds' "
-              "shares, each against its own round's quiet auto; train, auto, by round: "
-              + "; ".join(per_round),
+              "shares, each against one thread's quiet speed at the same work in its own round "
+              "(the fair share beside one other busy process on 2 cores is one core); "
+              "train, auto, by round: " + "; ".join(per_round),
               f"train: the default run's step (B={B}, T={T}, n_layer={model_cfg.n_layer}, "
               f"n_embd={model_cfg.n_embd}, dropout={model_cfg.dropout}, {precision}, "
               f"optim={optim.name}), {cfg.steps_per_call} steps per call; decode: greedy "
               f"batch 1, {cfg.decode_tokens} tokens with the KV cache",
-              "each condition: one process started as PyTorch starts by itself (the "
-              f"{cfg.fixed_threads}-thread rows, and decoding's auto, as tinylm-generate), one "
-              "started as tinylm-train (training's auto, which decides how OpenMP's threads "
-              "wait before torch loads); both without OMP_WAIT_POLICY, GOMP_SPINCOUNT and "
-              "OMP_NUM_THREADS from the environment",
+              "each condition: one new process, without this environment's OpenMP settings "
+              "(OMP_*, GOMP_*), whose auto watches the cores over its start-up as the commands' "
+              "does",
               "competitors: " + "; ".join(f"{name}: python -c {code!r}"
                                           for name, code in COMPETITORS.items())]
     return Section("load", rows, ratios, notes)
-
-
-def _counts(chosen: Iterator[dict]) -> str:
-    """The thread counts load workers chose, e.g. '2, 2, 1'."""
-    return ", ".join(str(worker["auto_threads"]) for worker in chosen)
 
 
 # ------------------------------------------------------------------------------ end to end
@@ -236,11 +200,11 @@ def _counts(chosen: Iterator[dict]) -> str:
 
 @dataclass
 class TrainRun:
-    """What one tinylm-train subprocess took and reached."""
+    """What one training subprocess took and reached."""
 
     wall_s: float
     startup_s: float  # command -> the start-up line, logged just before step 1
-    step_s: float  # median seconds per training step (from the tokens/s it logged)
+    step_s: float  # median seconds per training step
     steps: int
     val_loss: float
     to_target_s: float | None  # command -> the first evaluation at or below the target
@@ -255,8 +219,7 @@ def _log_time(line: str) -> float:
 
 def run_training(args: list[str], run_dir: Path, target_val: float) -> TrainRun:
     """`tinylm-train args hydra.run.dir=run_dir` as a subprocess, timed from the command."""
-    # imported here, not on top: every tinylm command imports this module while it registers
-    # BenchConfig's schema, and TensorBoard's reader would slow each one's start-up
+    # TensorBoard's reader is slow to import: only the endtoend section needs it
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     start = time.time()
@@ -284,11 +247,6 @@ def run_training(args: list[str], run_dir: Path, target_val: float) -> TrainRun:
 # and `iter 50: loss 2.9336, time 50.20ms, mfu 0.03%` every --log_interval steps
 NANOGPT_EVALUATION = re.compile(r"step (\d+): train loss [\d.]+, val loss ([\d.]+)")
 NANOGPT_STEP = re.compile(r"iter (\d+): loss [\d.]+, time ([\d.]+)ms")
-
-
-def nanogpt_option(args: list[str], name: str, default: str | None = None) -> str | None:
-    """The value of `--name=value` in nanoGPT's arguments, or `default`."""
-    return next((arg.split("=", 1)[1] for arg in args if arg.startswith(f"--{name}=")), default)
 
 
 def run_nanogpt(checkout: Path, args: list[str], out_dir: Path, target_val: float) -> TrainRun:
@@ -332,22 +290,18 @@ def _run_row(name: str, run: TrainRun) -> Row:
 
 
 def endtoend_ratios(extras: TrainRun, plain: TrainRun, nanogpt: TrainRun | None,
-                    cfg: EndToEndBenchConfig) -> list[Ratio]:
-    """Wall time with the extras against without; time to the target val against nanoGPT's
-    wall time measured here (the target), or else against cfg.reference_s."""
+                    target_val: float) -> list[Ratio]:
+    """Wall time with the extras against without; where nanoGPT ran here, time to the target
+    val against its wall time (the target) and its time to the same val."""
     ratios = [Ratio("wall time with the extras / without", extras.wall_s / plain.wall_s)]
-    if extras.to_target_s is None:
+    if nanogpt is None or extras.to_target_s is None:
         return ratios
-    to_val = f"time to val <= {cfg.target_val:g} with the extras"
-    if nanogpt is not None:
-        ratios.append(Ratio(f"{to_val} / nanoGPT's wall time", extras.to_target_s / nanogpt.wall_s,
-                            0.6, at_most=True))
-        if nanogpt.to_target_s is not None:
-            ratios.append(Ratio(f"{to_val} / nanoGPT's time to val <= {cfg.target_val:g}",
-                                extras.to_target_s / nanogpt.to_target_s))
-    elif cfg.reference_s:
-        ratios.append(Ratio(f"{to_val} / the reference {cfg.reference_s:g} s",
-                            extras.to_target_s / cfg.reference_s, 0.6, at_most=True))
+    to_val = f"time to val <= {target_val:g} with the extras"
+    ratios.append(Ratio(f"{to_val} / nanoGPT's wall time", extras.to_target_s / nanogpt.wall_s,
+                        0.6, at_most=True))
+    if nanogpt.to_target_s is not None:
+        ratios.append(Ratio(f"{to_val} / nanoGPT's time to val <= {target_val:g}",
+                            extras.to_target_s / nanogpt.to_target_s))
     return ratios
 
 
@@ -356,27 +310,30 @@ def bench_endtoend(cfg: EndToEndBenchConfig) -> Section:
     without, then nanoGPT's command if cfg.nanogpt names a checkout; wall time, start-up, time
     per step, final val loss, time to the target val."""
     base = [*([f"experiment={cfg.experiment}"] if cfg.experiment else []), *cfg.overrides]
+    plain_args = [*base, "train.probe_prompt=''", "train.sample_tokens=0"]
     variants = {"with the evaluation extras": base,
-                "without the sample and the heads' maps": [*base, "train.probe_prompt=''",
-                                                            "train.sample_tokens=0"]}
-    rows, runs, nanogpt = [], {}, None
+                "without the sample and the heads' maps": plain_args}
+    rows, runs, nanogpt = [], [], None
     with tempfile.TemporaryDirectory() as work:
         # untimed, one step: the data prepared and the files read once, as after a first run
-        run_training([*variants["without the sample and the heads' maps"], "train.max_steps=1",
-                      "train.eval_batches=1"], Path(work) / "warm-up", cfg.target_val)
+        run_training([*plain_args, "train.max_steps=1", "train.eval_batches=1"],
+                     Path(work) / "warm-up", cfg.target_val)
         for name, args in variants.items():
-            runs[name] = run_training(args, Path(work) / str(len(runs)), cfg.target_val)
-            rows.append(_run_row(name, runs[name]))
+            runs.append(run_training(args, Path(work) / str(len(runs)), cfg.target_val))
+            rows.append(_run_row(name, runs[-1]))
         if cfg.nanogpt is not None:
             nanogpt = run_nanogpt(Path(cfg.nanogpt).expanduser(), cfg.nanogpt_args,
                                   Path(work) / "nanogpt", cfg.target_val)
             rows.append(_run_row("nanoGPT's command", nanogpt))
-    extras, plain = (runs[name] for name in variants)
+    extras, plain = runs
     notes = [f"each: python -m tinylm.cli.train {' '.join(base)} [...] in a subprocess, timed "
              "from the command to its exit; start-up: to the start-up line, logged just before "
              "step 1; per step: the median of the logged tokens/s; to val: the first evaluation "
              f"at or below {cfg.target_val} (evaluations every train.eval_interval steps)"]
-    if nanogpt is not None:
+    if nanogpt is None:
+        notes.append("no target without nanoGPT's command run here beside it: "
+                     "endtoend.nanogpt=<a nanoGPT checkout>")
+    else:
         notes.append(f"nanoGPT: python train.py {' '.join(cfg.nanogpt_args)} --out_dir=<a "
                      f"temporary dir> in {cfg.nanogpt}, with this Python (torch "
                      f"{torch.__version__}), timed by the lines it prints; start-up: to its "
@@ -387,9 +344,7 @@ def bench_endtoend(cfg: EndToEndBenchConfig) -> Section:
                          "the ratio compares devices as much as programs; give both one device "
                          f"(endtoend.overrides=[train.device={nanogpt.device}], or --device= "
                          "in endtoend.nanogpt_args)")
-    elif cfg.reference_s:
-        notes.append(f"reference: {cfg.reference_s:g} s, {cfg.reference} (not rerun here; "
-                     "endtoend.nanogpt=<a nanoGPT checkout> runs it here)")
     if extras.to_target_s is None:
         notes.append(f"with the extras, no evaluation reached val <= {cfg.target_val:g}")
-    return Section("endtoend", rows, endtoend_ratios(extras, plain, nanogpt, cfg), notes)
+    return Section("endtoend", rows, endtoend_ratios(extras, plain, nanogpt, cfg.target_val),
+                   notes)

@@ -1,54 +1,28 @@
-"""How fast tinylm is beside what users would pick instead, measured side by side.
+"""What a benchmark section returns, how it times, and the sections that run in this process.
 
-    python scripts/bench.py                         # every section, a few minutes on 2 cores
-    tinylm-bench section=attention repeats=9        # one section, more repeats
-    tinylm-bench section=train train.batch_size=32 out=bench.json
-
-Peers: torch.nn.MultiheadAttention for the attention kernel; a Hugging Face `transformers`
-GPT2LMHeadModel of the same shape (random weights; from the `bench` extra) for training and
-generation. In every section each candidate is warmed up, then all are timed in turns (ours, the
-peer, ours, ...; the order flips every round) so that load from elsewhere on the machine falls on
-all of them alike, and the median of the repeats is reported. Ratios of medians from one run are
-the figures to trust on a busy machine; absolute times are context. docs/benchmarks.md explains
-every figure.
-
-Each section is one function `bench_<section>(...) -> Section`: attention, generate, inspect and
-data here, train in tinylm.bench.train, load and endtoend in tinylm.bench.runs.
-`tinylm.cli.bench.run_bench(BenchConfig(...))` runs the chosen ones and returns the JSON-ready
-report.
+Each section is a function `bench_<name>(...) -> Section`: attention, generate, inspect and data
+here, train in tinylm.bench.train, load and endtoend in tinylm.bench.runs. Every candidate is
+warmed up, then all are timed in turns, so that load from elsewhere on the machine falls on all
+of them alike; a target is only ever held to a ratio of medians measured side by side.
 """
 
 from __future__ import annotations
 
-import contextlib
-import os
-import platform
 import statistics
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
-from pathlib import Path
-from typing import TYPE_CHECKING
+from dataclasses import asdict, dataclass, field, replace
 
 import torch
 from torch import nn
 
 from tinylm.attention import MultiHeadAttention, causal_mask
+from tinylm.bench.config import AttentionBenchConfig, GenerateBenchConfig, InspectBenchConfig
+from tinylm.corpus import data_root, read_rows, resolve_files
 from tinylm.data import DataConfig
 from tinylm.generate import cpu_decoding, generate
 from tinylm.model import ModelConfig, TinyLM
-from tinylm.sources import data_root, read_rows, resolve_files
 from tinylm.tokenizer import TokenizerConfig, train_tokenizer
-
-if TYPE_CHECKING:  # the command's configs; importing them at run time would be circular
-    from tinylm.cli.bench import (
-        AttentionBenchConfig,
-        GenerateBenchConfig,
-        InspectBenchConfig,
-    )
-
-# --------------------------------------------------------------------------------------------
-# Results and timing
 
 
 @dataclass
@@ -58,7 +32,7 @@ class Row:
     name: str
     median_s: float
     times_s: list[float]
-    figures: dict[str, float] = field(default_factory=dict)  # keys of FIGURES
+    figures: dict[str, float] = field(default_factory=dict)  # keys of report.FIGURES
     note: str = ""
 
 
@@ -118,8 +92,10 @@ class Timing:
         return {name: Row(name, statistics.median(ts), ts) for name, ts in times.items()}
 
 
-# --------------------------------------------------------------------------------------------
-# Sections
+def set_tokens_per_s(rows: dict[str, Row], tokens: int) -> None:
+    """The tokens/s figure of each row that handles `tokens` tokens per call."""
+    for row in rows.values():
+        row.figures["tokens_per_s"] = tokens / row.median_s
 
 
 def bench_attention(cfg: AttentionBenchConfig, timing: Timing) -> Section:
@@ -145,8 +121,7 @@ def bench_attention(cfg: AttentionBenchConfig, timing: Timing) -> Section:
 
     rows = timing.run({"tinylm explicit path": explicit, "tinylm fast path": fast,
                        "torch nn.MultiheadAttention": torch_mha})
-    for row in rows.values():
-        row.figures["tokens_per_s"] = B * T / row.median_s
+    set_tokens_per_s(rows, B * T)
     fast_s, peer_s = rows["tinylm fast path"].median_s, rows["torch nn.MultiheadAttention"].median_s
     return Section(
         "attention", list(rows.values()),
@@ -178,12 +153,11 @@ def gpt2_like(cfg: ModelConfig, attn_implementation: str) -> nn.Module:
 
 def bench_generate(model_cfg: ModelConfig, cfg: GenerateBenchConfig, timing: Timing) -> Section:
     """Greedy batch-1 decoding: ours with and without the KV cache, GPT-2's generate; latency."""
-    shape = ModelConfig(**{**asdict(model_cfg), "block_size": cfg.block_size})
+    shape = replace(model_cfg, block_size=cfg.block_size)
     ours = TinyLM(shape).eval()
+    peer = gpt2_like(shape, "sdpa").eval()
     prompt = torch.randint(0, shape.vocab_size, (1, cfg.prompt_len))
     n = cfg.new_tokens
-
-    peer = gpt2_like(shape, "sdpa").eval()
 
     @torch.inference_mode()
     def peer_generate():
@@ -201,8 +175,7 @@ def bench_generate(model_cfg: ModelConfig, cfg: GenerateBenchConfig, timing: Tim
             raise RuntimeError(f"{name} generated {got} tokens instead of {n}")
     # that check was the first warm-up (these are the slowest calls of the benchmark)
     rows = Timing(timing.repeats, max(timing.warmup - 1, 0)).run(candidates)
-    for row in rows.values():
-        row.figures["tokens_per_s"] = n / row.median_s
+    set_tokens_per_s(rows, n)
 
     # One cached decoding step (forward of one token + argmax) at two positions: each position's
     # cache is filled once up to it, then rewound to it before every step.
@@ -220,20 +193,18 @@ def bench_generate(model_cfg: ModelConfig, cfg: GenerateBenchConfig, timing: Tim
                 ours(token, kv_cache=cache).logits[:, -1].argmax(-1)
         return steps
 
-    early_name = f"tinylm step at position {cfg.early_position}"
-    late_name = f"tinylm step at position {cfg.late_position}"
+    early, late = (f"tinylm step at position {p}" for p in (cfg.early_position,
+                                                            cfg.late_position))
     with cpu_decoding(ours):  # as generate runs its steps
-        latency = timing.run({early_name: decode_at(cfg.early_position),
-                              late_name: decode_at(cfg.late_position)},
-                             per_call=cfg.latency_steps)
-    for row in latency.values():
-        row.figures["tokens_per_s"] = 1 / row.median_s
+        latency = timing.run({early: decode_at(cfg.early_position),
+                              late: decode_at(cfg.late_position)}, per_call=cfg.latency_steps)
+    set_tokens_per_s(latency, 1)
     return Section(
         "generate", [*rows.values(), *latency.values()],
         [Ratio("tokens/s tinylm KV cache / GPT-2 generate",
                rows["GPT-2 generate"].median_s / rows["tinylm KV cache"].median_s, 2.0),
          Ratio(f"latency at position {cfg.late_position} / {cfg.early_position}",
-               latency[late_name].median_s / latency[early_name].median_s, 1.5, at_most=True)],
+               latency[late].median_s / latency[early].median_s, 1.5, at_most=True)],
         [f"batch 1, greedy, {cfg.prompt_len}-token random prompt, {n} new tokens (prefill "
          f"included), random weights, block_size={cfg.block_size}, fp32; ours: "
          "tinylm.generate.generate(temperature=0); GPT-2: generate(do_sample=False, "
@@ -249,16 +220,13 @@ def bench_inspect(model_cfg: ModelConfig, cfg: InspectBenchConfig, timing: Timin
     model = TinyLM(model_cfg).eval()
     idx = torch.randint(0, model_cfg.vocab_size, (cfg.batch_size, T))
 
-    def forward(return_attention: bool) -> Callable[[], None]:
-        @torch.inference_mode()
-        def run():
-            model(idx, return_attention=return_attention)
-        return run
+    @torch.inference_mode()
+    def forward(return_attention: bool) -> None:
+        model(idx, return_attention=return_attention)
 
-    rows = timing.run({"forward": forward(False),
-                       "forward + attention weights": forward(True)})
-    for row in rows.values():
-        row.figures["tokens_per_s"] = cfg.batch_size * T / row.median_s
+    rows = timing.run({"forward": lambda: forward(False),
+                       "forward + attention weights": lambda: forward(True)})
+    set_tokens_per_s(rows, cfg.batch_size * T)
     plain, inspected = rows["forward"], rows["forward + attention weights"]
     return Section(
         "inspect", [plain, inspected],
@@ -301,26 +269,3 @@ def bench_data(data_cfg: DataConfig, tok_cfg: TokenizerConfig, timing: Timing) -
          f"vocab_size={tokenizer.vocab_size}; {n_tokens} tokens "
          f"({len(text) / n_tokens:.2f} characters per token); HF tokenizers picks its own "
          "threads"])
-
-
-# --------------------------------------------------------------------------------------------
-# The context of the figures
-
-
-def machine() -> dict:
-    """What the figures were measured on."""
-    cpu = platform.processor() or platform.machine()
-    with contextlib.suppress(OSError):
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    info = {"cpu": cpu, "logical_cpus": os.cpu_count(), "python": platform.python_version(),
-            "torch": torch.__version__}
-    with contextlib.suppress(ImportError):  # optional: the bench extra
-        import transformers
-
-        info["transformers"] = transformers.__version__
-    with contextlib.suppress(OSError, AttributeError):
-        info["load_average_1m"] = round(os.getloadavg()[0], 2)
-    return info

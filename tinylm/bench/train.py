@@ -1,28 +1,21 @@
-"""The train section of tinylm-bench: training steps of tinylm and of a GPT-2 of the same shape,
-in fp32 and (where the CPU has bf16 instructions) bf16, eager and compiled, with the matmul
-rates that give their MFU.
-
-    tinylm-bench section=train train.batch_size=32
-
-`training_step` is also the load section's step (tinylm.bench.runs).
+"""The train section: training steps of tinylm and of a GPT-2 of the same shape, in fp32 and (where
+the CPU has bf16 instructions) bf16, eager and compiled, with the matmul rates that give their
+MFU. `training_step` is also the load section's step.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import replace
-from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
 
+from tinylm.bench.config import TrainBenchConfig
 from tinylm.bench.sections import Ratio, Row, Section, Timing, gpt2_like
 from tinylm.device import has_fast_bf16
 from tinylm.model import ModelConfig, TinyLM
 from tinylm.train.optim import OptimConfig, configure_optimizer
-
-if TYPE_CHECKING:  # the command's config; importing it at run time would be circular
-    from tinylm.cli.bench import TrainBenchConfig
 
 PRECISION = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
@@ -64,8 +57,8 @@ def model_matmuls(model_cfg: ModelConfig, rows: int, dtype: torch.dtype
                  torch.empty(rows, n, dtype=dtype)) for k, n in shapes]
 
     def run():
-        # into buffers made once: a fresh (rows, V) result is 32 MiB at 2048 x 4096 in fp32,
-        # which glibc maps anew for every call, so the page faults outweighed the matmul
+        # into buffers made once: a fresh (rows, V) result would be mapped anew for every call,
+        # and its page faults would outweigh the matmul
         for a, b, out in operands:
             torch.mm(a, b, out=out)
 
@@ -77,54 +70,41 @@ def bench_train(model_cfg: ModelConfig, optim: OptimConfig, cfg: TrainBenchConfi
     """Training steps: tokens/s and MFU of ours and of GPT-2 (sdpa, eager), fp32 and bf16,
     eager and (cfg.compile) compiled; bf16 only where the CPU multiplies it in hardware."""
     B, T = cfg.batch_size, model_cfg.block_size
-    # Emulated bf16 (no AVX512-BF16 or AMX) runs a matmul ~80x slower than fp32: nobody trains
-    # in it (train.precision=auto picks fp32 there), and its 2048² square alone takes ~13 s.
+    # emulated bf16 runs a matmul ~80x slower than fp32, and train.precision=auto avoids it
     fast_bf16 = has_fast_bf16(torch.device("cpu"))
     precisions = {p: dtype for p, dtype in PRECISION.items() if fast_bf16 or p == "fp32"}
     compiled_precision = "bf16" if fast_bf16 else "fp32"  # the faster one on this CPU
     x = torch.randint(0, model_cfg.vocab_size, (B, T))
     y = torch.randint(0, model_cfg.vocab_size, (B, T))
-
-    def step_fn(model: nn.Module, precision: str, compiled: bool) -> Callable[[], None]:
-        return training_step(model, optim, x, y, precision, compiled)
-
     ours = TinyLM(replace(model_cfg, dropout=0.0))  # like the GPT-2 peer: no dropout
     models = {"tinylm": ours, "GPT-2 sdpa": gpt2_like(model_cfg, "sdpa"),
               "GPT-2 eager": gpt2_like(model_cfg, "eager")}
-    # (model, precision, compiled) per candidate; compiled only in the faster precision, as
-    # each compile takes ~25 s
-    variants = {f"{name} {precision}": (name, precision, False)
-                for name in models for precision in precisions}
+    # row name -> (model, precision, compiled)
+    variants = {f"{name} {p}": (name, p, False) for name in models for p in precisions}
     candidates: dict[str, Callable[[], object]] = {
-        row_name: step_fn(models[name], precision, compiled)
-        for row_name, (name, precision, compiled) in variants.items()}
+        row: training_step(models[name], optim, x, y, p) for row, (name, p, _) in variants.items()}
     notes = [] if fast_bf16 else [
         "bf16 not timed: this CPU has no bf16 instructions (AVX512-BF16 or AMX), so PyTorch "
         "emulates it, far slower than fp32; train.precision=auto trains in fp32 here"]
-    if cfg.compile:
-        compiled_variants = {f"{name} {compiled_precision} compiled": (
-            name, compiled_precision, True) for name in models}
+    if cfg.compile:  # in the faster precision only: each compile takes ~25 s
+        compiled = {f"{name} {compiled_precision} compiled": (name, compiled_precision, True)
+                    for name in models}
         try:
-            compiled_candidates = {
-                row_name: step_fn(models[name], precision, compiled)
-                for row_name, (name, precision, compiled) in compiled_variants.items()}
+            candidates.update({row: training_step(models[name], optim, x, y, p, compiled=True)
+                               for row, (name, p, _) in compiled.items()})
+            variants.update(compiled)
         except Exception as err:  # e.g. no C++ compiler for inductor: compare eager only
             first_line = (str(err).strip().splitlines() or [type(err).__name__])[0]
             notes.append(f"torch.compile failed ({type(err).__name__}: {first_line}), so no "
                          "model is timed compiled; train.compile=false skips the attempt")
-        else:
-            variants.update(compiled_variants)
-            candidates.update(compiled_candidates)
-    # The matmul peaks are timed in the same rounds, so they see the same load as the models:
+    # The matmul rates are timed in the same rounds, so they see the same load as the models:
     # a large square (the machine's peak) and the model's own shapes (what it can reach).
     n = cfg.peak_size
     shapes_name = f"matmuls of the model's shapes, {B * T} rows"
-    shape_flops = 0.0
-    for precision, dtype in precisions.items():
+    for p, dtype in precisions.items():
         a, b = torch.randn(n, n).to(dtype), torch.randn(n, n).to(dtype)
-        candidates[f"matmul {n}x{n} {precision}"] = lambda a=a, b=b: a @ b
-        candidates[f"{shapes_name} {precision}"], shape_flops = model_matmuls(
-            model_cfg, B * T, dtype)
+        candidates[f"matmul {n}x{n} {p}"] = lambda a=a, b=b: a @ b
+        candidates[f"{shapes_name} {p}"], shape_flops = model_matmuls(model_cfg, B * T, dtype)
     rows = timing.run(candidates)
 
     peaks = {p: 2 * n**3 / rows[f"matmul {n}x{n} {p}"].median_s for p in precisions}
@@ -135,39 +115,37 @@ def bench_train(model_cfg: ModelConfig, optim: OptimConfig, cfg: TrainBenchConfi
     # Both models do the same useful work per token (GPT-2's biases add < 0.1%), so MFU counts
     # tinylm's FLOPs for both: 6 per parameter plus attention's q·kᵀ and weights·v.
     flops_per_token = ours.flops_per_token(T)
-    for row_name, (_, precision, _) in variants.items():
+    for row_name, (_, p, _) in variants.items():
         row = rows[row_name]
         row.figures["tokens_per_s"] = B * T / row.median_s
-        row.figures["mfu"] = flops_per_token * row.figures["tokens_per_s"] / peaks[precision]
+        row.figures["mfu"] = flops_per_token * row.figures["tokens_per_s"] / peaks[p]
 
-    def best(prefix: str, compiled_only: bool | None = None) -> Row:
-        """The fastest row of a model; compiled_only=True/False: only compiled/eager rows."""
-        return min((rows[row_name] for row_name, (name, _, compiled) in variants.items()
-                    if name.startswith(prefix) and compiled_only in (None, compiled)),
+    def best(prefix: str, compiled: bool | None = None) -> Row:
+        """The fastest row of a model; compiled=True/False: only compiled/eager rows."""
+        return min((rows[row] for row, (name, _, c) in variants.items()
+                    if name.startswith(prefix) and compiled in (None, c)),
                    key=lambda r: r.median_s)
+
+    def speed_ratio(ours_row: Row, gpt2_row: Row, which: str = "",
+                    target: float | None = None) -> Ratio:
+        return Ratio(f"tokens/s {ours_row.name} / {gpt2_row.name}{which}",
+                     gpt2_row.median_s / ours_row.median_s, target)
 
     ours_best, gpt2_best = best("tinylm"), best("GPT-2")
     ours_best.note = gpt2_best.note = "best setting"
+    # the one target: each model in its best setting, side by side in this run
+    ratios = [speed_ratio(ours_best, gpt2_best, target=1.25)]
+    if any(c for _, _, c in variants.values()):
+        for c, which in ((True, "both compiled"), (False, "neither compiled")):
+            ratios.append(speed_ratio(best("tinylm", c), best("GPT-2", c), f" ({which})"))
     gpt2_fp32 = min(rows["GPT-2 sdpa fp32"], rows["GPT-2 eager fp32"], key=lambda r: r.median_s)
-    ratios = [Ratio(f"tokens/s {ours_best.name} / {gpt2_best.name}",
-                    gpt2_best.median_s / ours_best.median_s, 1.25)]
-    if any(compiled for _, _, compiled in variants.values()):
-        for compiled, which, target in ((True, "both compiled", 1.25),
-                                        (False, "neither compiled", None)):
-            ours_row, gpt2_row = best("tinylm", compiled), best("GPT-2", compiled)
-            ratios.append(Ratio(f"tokens/s {ours_row.name} / {gpt2_row.name} ({which})",
-                                gpt2_row.median_s / ours_row.median_s, target))
-    best_precision = variants[ours_best.name][1]
+    best_p = variants[ours_best.name][1]
     ratios += [
-        Ratio(f"tokens/s tinylm fp32 / {gpt2_fp32.name} (both in fp32)",
-              gpt2_fp32.median_s / rows["tinylm fp32"].median_s),
-        # a 2048² square runs faster than any matmul a 128-wide model has: hold 60% to it
-        # only where the model's matrices are large enough to get near it
-        Ratio(f"MFU of {ours_best.name} (of the {best_precision} {n}x{n} matmul rate)",
-              ours_best.figures["mfu"], 0.60 if model_cfg.n_embd >= 256 else None),
-        Ratio(f"MFU of {ours_best.name} (of the {best_precision} rate of the model's own "
-              "matmul shapes)", ours_best.figures["mfu"] * peaks[best_precision]
-              / shape_rates[best_precision], 0.60)]
+        speed_ratio(rows["tinylm fp32"], gpt2_fp32, " (both in fp32)"),
+        Ratio(f"MFU of {ours_best.name} (of the {best_p} {n}x{n} matmul rate)",
+              ours_best.figures["mfu"]),
+        Ratio(f"MFU of {ours_best.name} (of the {best_p} rate of the model's own matmul "
+              "shapes)", ours_best.figures["mfu"] * peaks[best_p] / shape_rates[best_p])]
     return Section(
         "train", list(rows.values()), ratios,
         [f"B={B} T={T} n_layer={model_cfg.n_layer} n_head={model_cfg.n_head} "

@@ -1,78 +1,134 @@
-"""The tinylm-* commands (one module each: its config, what it loads, prints and writes, its
-Hydra entry point), and what they share: how a command ends on bad input or a signal, how its
-process frees memory and collects garbage (here), and the check of its command line before
-Hydra runs it (tinylm/cli/command_line.py).
+"""The tinylm-* commands, one module each, and what they share: how a command is composed by
+Hydra, and how it ends on bad input or a signal.
 
-This package's own import stays light (no Hydra, no torch): the process that draws a training
-run's figures is spawned, imports the training command's module again, and needs neither.
+This package is the only code that knows Hydra, sys.argv and exit codes. Each command module
+defines its options (a dataclass, the schema of conf/<command>.yaml) and a task; `command` turns
+them into a console entry point:
+
+    main = command("tinylm-generate", "generate", GenerateConfig, run_generate)
+
+`run_generate` gets a GenerateConfig built from the composed config; every value checked.
+
+Hydra composes conf/ once, through @hydra.main. A bad override ends the command with one line
+naming the key and what is allowed there, built from Hydra's and OmegaConf's exceptions and the
+dataclasses' own checks (tinylm.config).
 """
 
 from __future__ import annotations
 
-import atexit
-import ctypes
-import gc
+import dataclasses
+import os
 import signal
 import sys
+import types
+import typing
 from collections.abc import Callable
-from typing import TypeVar
+from pathlib import Path
+from typing import Any, TypeVar
 
-import tinylm.train.threads  # noqa: F401  (threads=auto watches the cores' load from here on)
+import hydra
+from hydra.core.config_store import ConfigStore
+from hydra.core.hydra_config import HydraConfig
+from hydra.errors import HydraException, MissingConfigException, OverrideParseException
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import (
+    ConfigAttributeError,
+    ConfigKeyError,
+    OmegaConfBaseException,
+    ValidationError,
+)
+
+from tinylm.config import ConfigError, to_dataclass
+from tinylm.files import PACKAGE_DIR
+from tinylm.train.run_config import RunConfig
 
 T = TypeVar("T")
-
-# At exit the interpreter collects its garbage; after torch (and torch._dynamo, which any torch
-# optimizer imports) that walk over millions of objects took 0.4-0.9 s of every command's wall
-# time. Frozen objects are left out of it; the commands close their files themselves, and
-# what is freed by reference counting still is.
-atexit.register(gc.freeze)
+ERRORS = (ValueError, FileNotFoundError)  # what a command reports as bad input, in one line
 
 
-def keep_freed_memory() -> None:
-    """Let glibc's malloc keep the memory a process frees, for its next allocations.
+def config_dir() -> Path:
+    """The conf/ directory: packaged inside tinylm/ in a wheel, at the repo root in a checkout."""
+    for candidate in (PACKAGE_DIR / "conf", PACKAGE_DIR.parent / "conf"):
+        if (candidate / "config.yaml").is_file():
+            return candidate
+    raise FileNotFoundError(
+        f"tinylm's configs were not found in {PACKAGE_DIR / 'conf'} or "
+        f"{PACKAGE_DIR.parent / 'conf'}; reinstall tinylm (pip install -e . from a checkout)")
 
-    By default glibc hands freed memory at the top of its heap back to the system once over
-    128 KiB of it is free there, and serves blocks from 128 KiB up from fresh mappings until it
-    has seen such a block freed. A forward that returns attention weights makes and frees
-    ~14 MB of (B, n_head, T, T) intermediates at B=4, T=128, and each call took those pages
-    anew from the kernel: ~3,300 page faults and 10-17 ms of system time a call on a Zen 3,
-    where the whole forward takes ~30 ms. A default training step faulted ~6,000 pages.
-    Blocks up to 64 MiB now come from the heap (full fp32 logits of a (16, 128) batch over
-    4,096 tokens are 32 MiB; glibc versions that refuse more than 32 MiB get 32), and up to
-    1 GiB may stay free in it for reuse (docs/benchmarks.md). Elsewhere (macOS, Windows, musl)
-    the system's allocator is left as it is.
+
+def run_schemas() -> dict[str, type]:
+    """The config groups of a training run as the YAML files name their schemas: model/schema
+    (conf/model/*.yaml) -> ModelConfig, data/schema -> DataConfig, ..."""
+    return {f"{group}/schema": cls for group, cls in RunConfig.GROUPS.items()}
+
+
+def run_schema() -> type:
+    """conf/config.yaml's top-level keys as a dataclass: one field per config group."""
+    return dataclasses.make_dataclass("RunSchema", list(RunConfig.GROUPS.items()))
+
+
+def register(schemas: dict[str, type]) -> None:
+    """Store schemas in Hydra's ConfigStore, where the YAML files' defaults lists find them:
+    a group's as `<group>/schema` (conf/model/*.yaml start from model/schema), a command's as
+    `<command>_schema`."""
+    store = ConfigStore.instance()
+    for name, cls in schemas.items():
+        group, _, leaf = name.rpartition("/")
+        store.store(group=group or None, name=leaf, node=cls)
+
+
+def plain(cfg: DictConfig) -> dict:
+    """A composed config as plain dicts and lists, every interpolation resolved."""
+    return OmegaConf.to_container(cfg, resolve=True)
+
+
+# ------------------------------------------------------------------------------- the entry
+
+
+def command(prog: str, config_name: str, schema: type, run: Callable[[Any], Any],
+            build: Callable[[dict], Any] | None = None, schemas: dict[str, type] | None = None,
+            groups: tuple[str, ...] = (), errors: tuple[type[Exception], ...] = ERRORS,
+            refused: Callable[[], None] | None = None) -> Callable[[], Any]:
+    """The console entry point of a command: compose conf/<config_name>.yaml with the command
+    line through @hydra.main, `build` the options from it and `run` them.
+
+    `schema` is the dataclass whose fields are the config's top-level keys: it names what is
+    allowed in an error, and `build` defaults to it. `schemas`: what the YAML files extend
+    (default: `schema` as `<config_name>_schema`); `groups`: the config groups chosen in the
+    defaults list that have no key of their own (experiment=...). A bad input (`errors`) ends
+    the command in one line; a bad config value calls `refused` first.
     """
-    if sys.platform != "linux":
-        return
-    try:
-        mallopt = ctypes.CDLL("libc.so.6").mallopt
-    except (OSError, AttributeError):  # another C library (musl): its allocator as it is
-        return
-    m_trim_threshold, m_mmap_threshold = -1, -3  # <malloc.h>
-    # mallopt returns 0 for a value it refuses. Setting either threshold stops glibc from
-    # raising the mapping threshold by itself, so the trim threshold is set only once a mapping
-    # threshold has been accepted.
-    if mallopt(m_mmap_threshold, 64 << 20) or mallopt(m_mmap_threshold, 32 << 20):
-        mallopt(m_trim_threshold, 1 << 30)
+    build = build or (lambda values: to_dataclass(schema, values, config_name))
+
+    def start(cfg: DictConfig) -> Any:
+        try:
+            options = build(plain(checked(cfg, schema)))
+        except ConfigError:
+            if refused is not None:
+                refused()
+            raise
+        return run(options)
+
+    @hydra.main(version_base="1.3", config_path=str(config_dir()), config_name=config_name)
+    def compose_and_run(cfg: DictConfig) -> Any:
+        return run_or_exit(prog, lambda: start(cfg), errors=errors)
+
+    def main() -> Any:
+        print_what_stdout_can()
+        register(schemas or {f"{config_name}_schema": schema})
+        # Hydra prints its composition errors over several lines and exits, unless this
+        # documented switch asks it to raise them: then they are told here in one line.
+        os.environ["HYDRA_FULL_ERROR"] = "1"
+        try:
+            return run_or_exit(prog, compose_and_run, errors=())
+        except (HydraException, OmegaConfBaseException) as err:
+            sys.exit(f"{prog}: error: {one_line(err, schema, groups)}")
+    return main
 
 
-keep_freed_memory()
-
-
-def print_what_stdout_can() -> None:
-    """Print "?" for a character stdout's encoding has no code for, instead of stopping there.
-
-    Windows encodes redirected output (`tinylm-generate ... > out.txt`, a pipe) in its ANSI code
-    page, cp1252 say, which has no √ or · for tinylm-explain, nor the U+FFFD that a barely
-    trained model's broken characters decode to.
-    """
-    if hasattr(sys.stdout, "reconfigure"):  # not where a caller put another stream in its place
-        sys.stdout.reconfigure(errors="replace")
-
-
-def run_or_exit(command: str, action: Callable[[], T], interrupted: str = "interrupted",
-                errors: tuple[type[Exception], ...] = (ValueError, FileNotFoundError)) -> T:
-    """Run `action`; a bad input exits with one line `<command>: error: ...`, not a traceback.
+def run_or_exit(prog: str, action: Callable[[], T], interrupted: str = "interrupted",
+                errors: tuple[type[Exception], ...] = ERRORS) -> T:
+    """Run `action`; a bad input exits with one line `<prog>: error: ...`, not a traceback.
 
     Ctrl-C exits with 130 and SIGTERM with 143 (128 + the signal), as a shell reports a process
     the signal ended: a script running the command sees that it was stopped, not that it failed.
@@ -80,7 +136,93 @@ def run_or_exit(command: str, action: Callable[[], T], interrupted: str = "inter
     try:
         return action()
     except errors as err:
-        sys.exit(f"{command}: error: {err}")
+        sys.exit(f"{prog}: error: {err}")
     except KeyboardInterrupt as err:
-        print(f"\n{command}: {interrupted}", file=sys.stderr)
+        print(f"\n{prog}: {interrupted}", file=sys.stderr)
         sys.exit(128 + getattr(err, "signum", signal.SIGINT))
+
+
+def print_what_stdout_can() -> None:
+    """Print "?" for a character stdout's encoding has no code for, instead of stopping there
+    (Windows encodes redirected output in its ANSI code page, which lacks √, · and U+FFFD)."""
+    if hasattr(sys.stdout, "reconfigure"):  # not where a caller put another stream in its place
+        sys.stdout.reconfigure(errors="replace")
+
+
+# -------------------------------------------------------------------------- bad input, one line
+
+
+def checked(cfg: DictConfig, schema: type) -> DictConfig:
+    """`cfg`, once no bool field was given anything but true or false: OmegaConf reads "no",
+    "off" or "1" as a bool, and a typo must never flip a setting silently."""
+    for override in HydraConfig.get().overrides.task:
+        key, _, value = override.lstrip("+~").partition("=")
+        if field_type(schema, key) is bool and value.lower() not in ("true", "false"):
+            raise ConfigError(f"{key}={value} is not allowed: must be true or false")
+    return cfg
+
+
+def field_type(schema: type, key: str) -> Any:
+    """The type of the dataclass field at dotted `key` under `schema`; None if there is none."""
+    hint: Any = schema
+    for part in key.split("."):
+        if not (isinstance(hint, type) and dataclasses.is_dataclass(hint)):
+            return None
+        hint = typing.get_type_hints(hint).get(part)
+    return hint
+
+
+def given(key: str) -> str | None:
+    """The value the command line gives `key`, as typed."""
+    for arg in sys.argv[1:]:
+        name, _, value = arg.lstrip("+~").partition("=")
+        if name == key:
+            return value
+    return None
+
+
+def one_line(err: Exception, schema: type, groups: tuple[str, ...] = ()) -> str:
+    """One line out of Hydra's or OmegaConf's composition error: the key, the value, and what
+    is allowed there (the fields of the schema's dataclasses, a group's options)."""
+    if isinstance(err, MissingConfigException) and err.options is not None:
+        group = (err.missing_cfg_file or "").split("/")[0]
+        options = sorted(o for o in err.options if o != "schema")  # the base, not a choice
+        choice = given(group)
+        return (f"{f'{group}={choice}' if choice else err.missing_cfg_file}: there is no "
+                f"{err.missing_cfg_file}.yaml; allowed {group} options: "
+                f"{', '.join(options) or 'none'}")
+    cause = err if isinstance(err, OmegaConfBaseException) else err.__cause__
+    key = getattr(cause, "full_key", None)
+    if isinstance(cause, ValidationError) and key:
+        value = given(key)
+        return f"{key}={cause.value if value is None else value} is not allowed: " \
+               f"{type_rule(cause.object_type, cause.key)}"
+    if isinstance(cause, ConfigKeyError | ConfigAttributeError) and key:
+        where = f" (in {key}={given(key)})" if given(key) is not None else ""
+        parent, _, _ = key.rpartition(".")
+        node = field_type(schema, parent) if parent else schema
+        if parent and dataclasses.is_dataclass(node):
+            allowed = ", ".join(f.name for f in dataclasses.fields(node))
+            return f"unknown config key {key}{where}; allowed under {parent}: {allowed}"
+        if not parent:
+            keys = [f.name for f in dataclasses.fields(schema)]
+            kind = "config key or group" if groups or any(
+                dataclasses.is_dataclass(field_type(schema, k)) for k in keys) else "config key"
+            return f"unknown {kind} {key}{where}; allowed: {', '.join([*keys, *groups])}"
+    if isinstance(err, OverrideParseException):
+        return f"{err.override}: {err.message.splitlines()[0]}"
+    lines = [line.strip() for line in str(err).splitlines() if line.strip()]
+    return lines[0] if lines else type(err).__name__
+
+
+def type_rule(owner: Any, key: Any) -> str:
+    """What the schema field that refused a value takes, e.g. "must be a float, or null"."""
+    kinds = {bool: "true or false", int: "an integer", float: "a float", str: "a string",
+             list: "a list, e.g. [a, b]", dict: "a mapping"}
+    if not (isinstance(owner, type) and dataclasses.is_dataclass(owner)):
+        return "of another type"
+    hint = typing.get_type_hints(owner).get(key)
+    options = typing.get_args(hint) if isinstance(hint, types.UnionType) else (hint,)
+    names = [kinds.get(typing.get_origin(t) or t) for t in options if t is not type(None)]
+    rule = "must be " + " or ".join(n for n in names if n)
+    return rule + ", or null" if type(None) in options else rule

@@ -8,33 +8,28 @@
     tinylm-explain checkpoint=runs/x 'text="Lily saw a cat. She"' layer=1 head=0 query=She
     tinylm-explain png=attention.png logdir=runs/explain   # the steps as heatmaps too
 
-This module reads the command's inputs (the command line, a qkv file, a checkpoint), picks the
-mode, prints the walkthrough that tinylm.inspection.walkthrough writes and saves the figures.
+The command picks the mode and prints the walkthrough that tinylm.inspection.walkthrough writes.
 """
 
 from __future__ import annotations
 
-import math
 import os
 import sys
-from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Any
-
-import torch
-import yaml  # JSON is YAML, so one reader serves both
 
 from tinylm.checkpoint import load_checkpoint
-from tinylm.cli.command_line import checked_config, console_entry
+from tinylm.cli import command
 from tinylm.config import flag, integer
-from tinylm.inspection.walkthrough import Explanation, explain_model_head, explain_multi_head, explain_qkv
+from tinylm.inspection.walkthrough import (
+    QKV_FILE_KEYS,
+    Explanation,
+    explain_given_multi_head,
+    explain_given_qkv,
+    explain_model_head,
+    read_qkv_file,
+    write_figures,
+)
 from tinylm.train.threads import apply_threads, check_threads_setting, start_sample
-
-# The worked example of docs/attention.md: 3 tokens, d = 2, Q = K.
-EXAMPLE_Q = [[1.0, 0.0], [0.0, 1.0], [1.0, 1.0]]
-EXAMPLE_V = [[1.0, 0.0], [0.0, 2.0], [1.0, 1.0]]
-QKV_FILE_KEYS = ("q", "k", "v", "x")
 
 
 @dataclass
@@ -84,106 +79,7 @@ class ExplainConfig:
                                  '\'text="Lily saw a cat. She"\'')
 
 
-# ----------------------------------------------------------------------------- inputs
-
-
-def to_matrix(name: str, value: Any) -> torch.Tensor:
-    """A list of rows of numbers (or one flat row) -> float tensor (rows, cols); clear errors."""
-    example = f"e.g. {name}=[[1,0],[0,1]]"
-    if isinstance(value, (str, bytes)) or not isinstance(value, Sequence):
-        raise ValueError(f"{name}={value!r} is not a list of rows of numbers ({example})")
-    if len(value) == 0:
-        raise ValueError(f"{name} is empty; give at least one row ({example})")
-    nested = [isinstance(row, Sequence) and not isinstance(row, str) for row in value]
-    if not any(nested):
-        value = [value]  # one flat row: a single query, key or value
-    elif not all(nested):
-        raise ValueError(f"{name} mixes rows and single numbers: {list(value)!r} ({example})")
-    rows = []
-    for i, row in enumerate(value):
-        if len(row) != len(value[0]):
-            raise ValueError(f"{name} is ragged: row 0 has {len(value[0])} numbers but row {i} "
-                             f"has {len(row)}; every row needs the same count ({example})")
-        for j, x in enumerate(row):
-            if isinstance(x, bool) or not isinstance(x, (int, float)) or not math.isfinite(x):
-                raise ValueError(f"{name}[{i}][{j}] = {x!r} is not allowed: entries must be "
-                                 "finite numbers")
-        rows.append([float(x) for x in row])
-    if len(rows[0]) == 0:
-        raise ValueError(f"{name} has rows of 0 numbers ({example})")
-    return torch.tensor(rows)
-
-
-def check_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
-    """Raise a clear error unless q (T_q, d), k (T_k, d), v (T_k, d_v) fit together."""
-    if q.size(1) != k.size(1):
-        raise ValueError(f"q rows have {q.size(1)} numbers but k rows have {k.size(1)}: each "
-                         "query is dotted with each key, so q and k need the same width d")
-    if k.size(0) != v.size(0):
-        raise ValueError(f"k has {k.size(0)} rows (tokens) but v has {v.size(0)}: each key needs "
-                         "exactly one value")
-
-
-def read_qkv_file(path: str) -> dict[str, Any]:
-    """Read a JSON or YAML file that maps some of q, k, v, x to lists of rows."""
-    file = Path(path)
-    if not file.is_file():
-        raise FileNotFoundError(f"qkv_file={path!r} does not exist")
-    try:
-        data = yaml.safe_load(file.read_text())
-    except yaml.YAMLError as err:
-        raise ValueError(f"qkv_file={path!r} is not valid JSON or YAML: {err}") from err
-    if not isinstance(data, dict) or not data:
-        raise ValueError(f"qkv_file={path!r} must hold a mapping with keys among "
-                         f"{', '.join(QKV_FILE_KEYS)}")
-    unknown = sorted(str(key) for key in data if key not in QKV_FILE_KEYS)
-    if unknown:
-        raise ValueError(f"qkv_file={path!r} has unknown key {', '.join(unknown)}; allowed: "
-                         f"{', '.join(QKV_FILE_KEYS)}")
-    return data
-
-
-def _given(cfg: ExplainConfig) -> dict[str, Any]:
-    """The matrices cfg gives, from its qkv_file or from the command line."""
-    return read_qkv_file(cfg.qkv_file) if cfg.qkv_file else {
-        "q": cfg.q, "k": cfg.k, "v": cfg.v, "x": cfg.x}
-
-
-# ----------------------------------------------------------------------------- the three modes
-
-
-def _explain_qkv(cfg: ExplainConfig) -> Explanation:
-    """Single-head mode: the given Q, K, V, or the worked example."""
-    given = _given(cfg)
-    if given.get("x") is not None or cfg.d_model is not None:
-        raise ValueError("x and d_model are for multi-head mode; add n_head=<heads>")
-    if given.get("q") is None:
-        if given.get("k") is not None or given.get("v") is not None:
-            raise ValueError("k or v were given without q; give q too")
-        intro = "The explainer's worked example: 3 tokens, d = 2, K = Q."
-        given = {"q": EXAMPLE_Q, "v": EXAMPLE_V}
-    else:
-        intro = ("Your Q, K, V" + ("  (K = Q: k not given)" if given.get("k") is None else "")
-                 + ("  (V = K: v not given)" if given.get("v") is None else ""))
-    q = to_matrix("q", given["q"])
-    k = to_matrix("k", given["k"]) if given.get("k") is not None else q
-    v = to_matrix("v", given["v"]) if given.get("v") is not None else k
-    check_qkv(q, k, v)
-    return explain_qkv(q, k, v, intro, cfg.causal, cfg.query, cfg.digits)
-
-
-def _explain_multi_head(cfg: ExplainConfig) -> Explanation:
-    """n_head mode: MultiHeadAttention on the given x, or on random rows."""
-    given = _given(cfg)
-    unused = [name for name in ("q", "k", "v") if given.get(name) is not None]
-    if unused:
-        raise ValueError(f"n_head mode projects Q, K, V from x; give x=[[...]] instead of "
-                         f"{', '.join(unused)}")
-    if cfg.query is not None:
-        raise ValueError("query picks the row to follow in the single-head and checkpoint modes; "
-                         "n_head mode shows every row")
-    x = to_matrix("x", given["x"]) if given.get("x") is not None else None
-    return explain_multi_head(cfg.n_head, x, cfg.d_model, cfg.seed, cfg.digits)
+# ----------------------------------------------------------------------------- the modes
 
 
 def _explain_checkpoint(cfg: ExplainConfig) -> Explanation:
@@ -195,34 +91,17 @@ def _explain_checkpoint(cfg: ExplainConfig) -> Explanation:
                               cfg.query, cfg.top, cfg.digits, source=str(ckpt.directory))
 
 
-def write_figures(explanation: Explanation, png: str | None, logdir: str | None) -> list[str]:
-    """Write the heatmaps as a PNG and/or to TensorBoard; returns lines saying where."""
-    # imported here, not at the top: only runs that ask for figures wait for matplotlib
-    from tinylm.inspection.figures import save_figure, steps_figure
-
-    fig = steps_figure(explanation.panels, f"tinylm-explain: {explanation.title}")
-    written = []
-    if png:
-        written.append(f"Figure written to {save_figure(fig, png)}")
-    if logdir:
-        from torch.utils.tensorboard import SummaryWriter  # likewise only for logdir=...
-
-        tag = "explain/" + explanation.title.replace(" ", "_").replace(",", "")
-        with SummaryWriter(logdir) as writer:
-            writer.add_figure(tag, fig, global_step=0)
-        written.append(f"TensorBoard figure {tag!r} written to {logdir} "
-                       f"(tensorboard --logdir {logdir})")
-    return written
-
-
 def explain(cfg: ExplainConfig) -> str:
     """The walkthrough cfg asks for, as text; writes the figures when png/logdir are set."""
+    given = read_qkv_file(cfg.qkv_file) if cfg.qkv_file else {
+        "q": cfg.q, "k": cfg.k, "v": cfg.v, "x": cfg.x}
     if cfg.checkpoint is not None:
         result = _explain_checkpoint(cfg)
     elif cfg.n_head is not None:
-        result = _explain_multi_head(cfg)
+        result = explain_given_multi_head(given, cfg.n_head, cfg.d_model, cfg.seed, cfg.digits,
+                                          cfg.query)
     else:
-        result = _explain_qkv(cfg)
+        result = explain_given_qkv(given, cfg.causal, cfg.query, cfg.digits, cfg.d_model)
     text = result.text
     if cfg.png or cfg.logdir:
         text += "\n\n" + "\n".join(write_figures(result, cfg.png, cfg.logdir))
@@ -241,8 +120,7 @@ def print_explanation(cfg: ExplainConfig) -> None:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
 
 
-main = console_entry("tinylm-explain", "explain", checked_config(ExplainConfig, "explain"),
-                     print_explanation)
+main = command("tinylm-explain", "explain", ExplainConfig, print_explanation)
 
 
 if __name__ == "__main__":

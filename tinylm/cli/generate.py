@@ -18,15 +18,8 @@ from pathlib import Path
 import torch
 
 from tinylm.checkpoint import default_logdir, load_checkpoint
-from tinylm.cli.command_line import checked_config, console_entry
-from tinylm.config import (
-    ConfigError,
-    bad,
-    flag,
-    integer,
-    number,
-    one_of,
-)
+from tinylm.cli import command
+from tinylm.config import ConfigError, bad, flag, integer, number, one_of
 from tinylm.device import resolve_device
 from tinylm.generate import MIN_TEMPERATURE, StreamDecoder, encode_prompt, generate
 from tinylm.train.threads import apply_threads, check_threads_setting, start_sample
@@ -158,8 +151,7 @@ def run_generate(cfg: GenerateConfig, out=None) -> list[str]:
     return texts
 
 
-main = console_entry("tinylm-generate", "generate",
-                     checked_config(GenerateConfig, "generate"), run_generate)
+main = command("tinylm-generate", "generate", GenerateConfig, run_generate)
 
 
 if __name__ == "__main__":

@@ -10,34 +10,23 @@
 
 from __future__ import annotations
 
-import hydra
-from omegaconf import DictConfig
-
-from tinylm.cli import print_what_stdout_can, run_or_exit
-from tinylm.cli.command_line import check_command_line_or_exit
-from tinylm.config import config_dir, to_dataclass
+from tinylm.cli import command, run_or_exit, run_schema, run_schemas
+from tinylm.config import to_dataclass
+from tinylm.data import DataConfig, prepare_data
+from tinylm.tokenizer import TokenizerConfig
 
 
-@hydra.main(version_base="1.3", config_path=str(config_dir(register=False)), config_name="prepare")
-def _prepare(cfg: DictConfig) -> None:
-    # here, once Hydra has parsed the command line, so that --help does not wait for torch and
-    # tokenizers, which these bring
-    from tinylm.data import DataConfig, prepare_data
-    from tinylm.tokenizer import TokenizerConfig
-
-    run_or_exit("tinylm-prepare",
-                lambda: prepare_data(to_dataclass(DataConfig, cfg.data, "data"),
-                                     to_dataclass(TokenizerConfig, cfg.tokenizer, "tokenizer"),
-                                     log=print),
+def prepare(values: dict) -> None:
+    """Prepare the data and tokenizer of the composed training config."""
+    data = to_dataclass(DataConfig, values["data"], "data")
+    tokenizer = to_dataclass(TokenizerConfig, values["tokenizer"], "tokenizer")
+    run_or_exit("tinylm-prepare", lambda: prepare_data(data, tokenizer, log=print),
                 interrupted="interrupted (no partial cache is left behind)",
-                errors=(ValueError, FileNotFoundError, RuntimeError))  # RuntimeError: hub failures
+                errors=(ValueError, FileNotFoundError, RuntimeError))  # RuntimeError: the hub
 
 
-def main() -> None:
-    """Console entry: compose conf/prepare.yaml with the command line and prepare the data."""
-    print_what_stdout_can()
-    check_command_line_or_exit("tinylm-prepare", "prepare")
-    run_or_exit("tinylm-prepare", _prepare, errors=())  # a Ctrl-C while starting: 130
+main = command("tinylm-prepare", "prepare", run_schema(), prepare, build=dict,
+               schemas=run_schemas(), groups=("experiment",))
 
 
 if __name__ == "__main__":

@@ -7,84 +7,85 @@
     tinylm-train -m optim.lr=1e-3,3e-3                  # a sweep: one run directory each
     torchrun --standalone --nproc_per_node=2 scripts/train.py train.max_steps=500
     (options: conf/{model,data,tokenizer,optim,train,experiment}/*.yaml)
-
-Bad input ends the command with one line naming the key, the value and what is allowed, before
-any work starts: the command line is composed and every run dataclass built from it first
-(check_command_line_or_exit in tinylm/cli/command_line.py), because Hydra's own errors span
-several lines.
 """
 
 from __future__ import annotations
 
-import gc
 import os
+import shutil
 import signal
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING
 
-from tinylm.cli import print_what_stdout_can, run_or_exit
-from tinylm.config import config_dir
-from tinylm.train.threads import wait_passively_if_cores_full
+import torch.distributed as dist
+from hydra.core.hydra_config import HydraConfig
 
-if TYPE_CHECKING:
-    from omegaconf import DictConfig
+from tinylm.checkpoint import CheckpointNotWritten
+from tinylm.cli import command, run_or_exit, run_schema, run_schemas
+from tinylm.corpus import HubError
+from tinylm.train.run_config import RunConfig
+from tinylm.train.runtime import TrainingInterrupted, init_distributed
+from tinylm.train.trainer import TrainingDiverged, train
 
-# Hydra, torch and the training modules are imported inside the functions (marked "lazy"): the
-# helper process that draws the figures is spawned and imports this module again; without them
-# it starts ~0.15 s sooner, and the end of a run waits for its first figure
 PROG = "tinylm-train"
+HYDRA_FILES = {".hydra", "train.log"}  # what Hydra writes into a run directory before the task
 
 
-def _share_run_dir_across_ranks(cfg: DictConfig) -> None:
-    """Under torchrun, make every rank use rank 0's hydra.run.dir (${now:...} may differ by a
-    second between ranks), and keep logs and .hydra/ to rank 0."""
-    import torch.distributed as dist  # lazy
+def run_config(values: dict) -> RunConfig:
+    """Every dataclass of the run, checked, writing to Hydra's run directory (rank 0's under
+    torchrun)."""
+    return RunConfig.from_config(values, shared_run_dir(HydraConfig.get().runtime.output_dir))
 
-    from tinylm.train.runtime import init_distributed
 
+def remove_what_hydra_wrote() -> None:
+    """A run refused before it starts leaves nothing behind: its run directory goes if it holds
+    only what Hydra wrote into it, and so do the parents left empty (runs/<date>/), up to the
+    current directory."""
+    run_dir = Path(HydraConfig.get().runtime.output_dir)
+    if run_dir.resolve() != Path.cwd().resolve() and \
+            {p.name for p in run_dir.iterdir()} <= HYDRA_FILES:
+        shutil.rmtree(run_dir, ignore_errors=True)
+        cwd = Path.cwd().resolve()
+        for parent in run_dir.resolve().parents:
+            if parent == cwd or not parent.is_relative_to(cwd) or any(parent.iterdir()):
+                break
+            parent.rmdir()
+
+
+def shared_run_dir(output_dir: str) -> str:
+    """Under torchrun, rank 0's run directory for every rank: ${now:...} may differ by a second
+    between ranks, and a rank's own directory, empty (see main), is removed."""
     rank, _, world_size = init_distributed()
     if world_size == 1:
-        return
-    dirs = [str(cfg.hydra.run.dir), str(cfg.hydra.sweep.dir)]
+        return output_dir
+    dirs = [output_dir]
     dist.broadcast_object_list(dirs, src=0)
-    sys.argv += [f"hydra.run.dir='{dirs[0]}'", f"hydra.sweep.dir='{dirs[1]}'"]
-    if rank > 0:
-        sys.argv += ["hydra.output_subdir=null", "hydra/job_logging=stdout"]
+    if rank > 0 and dirs[0] != output_dir:
+        shutil.rmtree(output_dir, ignore_errors=True)
+    return dirs[0]
 
 
-def _train(cfg: DictConfig) -> float | None:
-    """Hydra's task: turn the composed config into dataclasses and train; the return value
-    feeds sweepers."""
-    from hydra.core.hydra_config import HydraConfig  # lazy
-
-    from tinylm.checkpoint import CheckpointNotWritten
-    from tinylm.train.runtime import TrainingInterrupted
-    from tinylm.sources import HubError
-    from tinylm.train.trainer import TrainingDiverged, train
-    from tinylm.train.run_config import RunConfig
-
-    if not gc.isenabled():  # the first run of this command: its start-up ends here (see main)
-        gc.freeze()
-        gc.enable()
-    run_cfg = run_or_exit(PROG, lambda: RunConfig.from_config(
-        cfg, HydraConfig.get().runtime.output_dir))
+def run_training(cfg: RunConfig) -> float | None:
+    """Train; say where the checkpoints are and what to run next. The return value (the final
+    val loss) feeds Hydra's sweepers."""
     try:
-        metrics = run_or_exit(PROG, lambda: train(run_cfg),
-                              errors=(ValueError, FileNotFoundError, HubError,
-                                      TrainingDiverged, CheckpointNotWritten))
+        metrics = run_or_exit(PROG, lambda: train(cfg), errors=(
+            ValueError, FileNotFoundError, HubError, TrainingDiverged, CheckpointNotWritten))
     except TrainingInterrupted as err:
         if err.checkpoint is not None:
             print(f"\n{PROG}: stopped by {signal.Signals(err.signum).name} at step {err.step}; "
                   f"saved {err.checkpoint}\ncontinue with:\n  {PROG} train.resume=true "
-                  f"hydra.run.dir={run_cfg.run_dir}", file=sys.stderr)
+                  f"hydra.run.dir={cfg.run_dir}", file=sys.stderr)
         sys.exit(128 + err.signum)
+    finally:
+        if dist.is_available() and dist.is_initialized():
+            dist.destroy_process_group()
     if "checkpoint" in metrics:  # rank 0
-        _print_next_steps(metrics, run_cfg)
+        print_next_steps(metrics, cfg)
     return metrics["val_loss"]
 
 
-def _print_next_steps(metrics: dict, run_cfg) -> None:
+def print_next_steps(metrics: dict, cfg: RunConfig) -> None:
     """Where the checkpoints and logs are, and the commands to look at them."""
     run_dir = metrics["run_dir"]
     # inside the current directory (os.path.relpath raises across two Windows drives)
@@ -99,47 +100,20 @@ def _print_next_steps(metrics: dict, run_cfg) -> None:
           f"  checkpoints: {run_dir}/checkpoints/best -> {best}, last -> {last}\n"
           f"  TensorBoard logs: {run_dir}/tensorboard\n"
           f"Next:\n"
-          f"  tinylm-generate checkpoint={run_dir} 'prompt=\"{run_cfg.train.sample_prompt}\"'\n"
+          f"  tinylm-generate checkpoint={run_dir} 'prompt=\"{cfg.train.sample_prompt}\"'\n"
           f"  tensorboard --logdir {run_dir}")
 
 
-def build_run_config(cfg: DictConfig) -> None:
-    """Every dataclass of a run from the composed config: checks every value."""
-    from tinylm.cli.command_line import without_hydra  # lazy
-    from tinylm.train.run_config import RunConfig
-
-    RunConfig.from_config(without_hydra(cfg), ".")
+compose_and_train = command(PROG, "config", run_schema(), run_training, build=run_config,
+                            schemas=run_schemas(), groups=("experiment",),
+                            refused=remove_what_hydra_wrote)
 
 
 def main() -> None:
-    """Console entry: check the command line, then hand it to Hydra."""
-    # The garbage collector walks every object that lives long each time enough new ones pile
-    # up, and importing torch and the training modules makes about a million: it stays off
-    # while the command starts (0.3 s less to the first step) and comes back on in _train,
-    # with what start-up built frozen, left out of its walks from then on.
-    gc.disable()
-    print_what_stdout_can()
-    try:
-        import hydra  # lazy
-
-        from tinylm.cli.command_line import check_command_line_or_exit
-
-        # torch loads while the command line is checked: how OpenMP's threads wait is read then
-        wait_passively_if_cores_full()
-        cfg = check_command_line_or_exit(PROG, "config", build_run_config)
-        if cfg is not None and int(os.environ.get("WORLD_SIZE", "1")) > 1:
-            _share_run_dir_across_ranks(cfg)
-        hydra_main = hydra.main(version_base="1.3", config_path=str(config_dir(register=False)),
-                                config_name="config")(_train)
-        try:
-            run_or_exit(PROG, hydra_main, errors=())  # a Ctrl-C while starting: 130
-        finally:
-            import torch.distributed as dist  # lazy
-
-            if dist.is_available() and dist.is_initialized():
-                dist.destroy_process_group()
-    finally:
-        gc.enable()  # --help, --cfg and bad input end before _train
+    """Console entry: under torchrun only rank 0 keeps Hydra's logs and .hydra/."""
+    if int(os.environ.get("RANK", "0")) > 0:
+        sys.argv += ["hydra.output_subdir=null", "hydra/job_logging=stdout"]
+    compose_and_train()
 
 
 if __name__ == "__main__":

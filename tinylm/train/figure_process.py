@@ -1,24 +1,14 @@
-"""Evaluation extras drawn beside training: figures go to a helper process, the steps go on.
+"""The figures of an evaluation, drawn by a helper process while training goes on.
 
-Drawing a layer's attention grid with matplotlib takes longer than dozens of training steps.
-Training hands copies of what a figure needs (numpy arrays, strings) to a helper process,
-keeps training, and writes each finished summary to TensorBoard between steps:
+Drawing takes longer than dozens of training steps, and a thread would hold the GIL the loop
+needs. An extra is a module-level function (the helper imports it by name) that takes plain data
+and the step and returns serialized TensorBoard `Summary` protos; the helper imports no torch.
 
     extras = Extras()                                         # the helper starts at the first job,
     extras.start(lay_out_attention_grid, tokens, n_head)      # or now, laying a figure out
     extras.submit(250, attention_grid_summaries, weights, tokens)   # weights (L, nh, T, T)
     extras.write_finished(writer)                             # between steps: what is done
     dropped = extras.close(writer, wait=True)                 # end of run: wait for the rest
-
-An extra is a module-level function (the helper imports it by name) that takes plain data and
-the step and returns serialized TensorBoard `Summary` protos; adding one is one `submit` call.
-A process rather than a thread: matplotlib holds the GIL while it draws, and every torch call of
-the training loop needs the GIL back, so a drawing thread slowed the steps as much as
-drawing inline (docs/benchmarks.md). The helper imports no torch and runs at a lower priority.
-It still shares the cores with training while it draws: torch's thread count stays as the run
-chose it (a count that changed mid-run would change the losses in their last digits, and a
-resumed run must match an uninterrupted one bit for bit), so on a machine with no idle core the
-drawing still costs some training time (docs/benchmarks.md).
 """
 
 from __future__ import annotations
@@ -46,10 +36,9 @@ HELPER_NICENESS = 10
 
 
 def _start_helper() -> None:
-    """In the helper: end with the training process, yield the CPU to it, and load matplotlib
-    before the first job."""
-    # A training process killed outright (kill -9, a crash) cannot stop its helper, which would
-    # wait for jobs forever; a watcher thread ends the helper when its parent is gone.
+    """In the helper: end with the training process, yield the CPU to it, load matplotlib."""
+    # a training process killed outright (kill -9) cannot stop its helper, which would wait for
+    # jobs forever: a watcher thread ends the helper when its parent is gone
     threading.Thread(target=_exit_with_parent, daemon=True).start()
     with contextlib.suppress(AttributeError, OSError):  # os.nice: Unix only
         os.nice(HELPER_NICENESS)
@@ -61,24 +50,24 @@ def _exit_with_parent() -> None:
     os._exit(0)
 
 
+def _nothing() -> None:
+    """The job that only starts the helper."""
+
+
 class Extras:
-    """Runs extras in a helper (a `process`, or a `thread` for comparison) and writes their
-    summaries to TensorBoard in the order they were submitted."""
+    """Runs extras in a helper (a `process`, or a `thread` for tests and comparison) and writes
+    their summaries to TensorBoard in the order they were submitted."""
 
     def __init__(self, helper: str = "process"):
-        if helper not in ("process", "thread"):
-            raise ValueError(f"helper={helper!r}: allowed process, thread")
         self.helper = helper
-        # (step, wall time, result, extra, args): the extra and its args to draw it here if
-        # the helper process dies
+        # (step, wall time, result, extra, args): the extra and its args to draw it here if the
+        # helper process dies
         self._pending: list[tuple[int, float, Future, Callable, tuple]] = []
         self._executor: Executor | None = None  # started by start() or the first submit
 
     def start(self, warm_up: Callable[..., object] | None = None, *args) -> Future:
         """Start the helper now, not at the first submit, and have it run `warm_up(*args)`
-        first (returns that job's Future). Loading matplotlib and laying the first figure out
-        take seconds of one core: a caller whose own start-up keeps one core busy gets them
-        done on another meanwhile."""
+        first (returns that job's Future), on another core while the caller starts up."""
         # also without a warm-up a job is what makes a process pool spawn its worker
         return self._started().submit(warm_up or _nothing, *args)
 
@@ -115,17 +104,14 @@ class Extras:
             self._write(writer, *self._pending.pop(0))
 
     def close(self, writer, wait: bool = True) -> int:
-        """Stop the helper: write what is pending (wait=True) or drop it; returns how many
-        extras were dropped."""
+        """Stop the helper: write what is pending (wait=True) or drop what is not done yet;
+        returns how many extras were dropped."""
         dropped = 0
-        if wait:
-            for job in self._pending:
+        for job in self._pending:
+            if wait or (job[2].done() and job[2].exception() is None):
                 self._write(writer, *job)
-        else:
-            dropped = sum(not job[2].done() for job in self._pending)
-            for job in self._pending:
-                if job[2].done() and job[2].exception() is None:
-                    self._write(writer, *job)
+            else:
+                dropped += not job[2].done()
         self._pending.clear()
         if self._executor is not None:
             self._executor.shutdown(wait=wait, cancel_futures=True)
@@ -143,8 +129,8 @@ class Extras:
 
     def _draw_here_instead(self) -> None:
         """The helper process stopped, e.g. in a script that calls train() without `if __name__
-        == "__main__":`, which the helper (spawned) imports again: draw in this process, as
-        before there was a helper (once; later jobs find the thread in place)."""
+        == "__main__":`, which the spawned helper imports again: draw in this process instead
+        (once; later jobs find the thread in place)."""
         if isinstance(self._executor, ProcessPoolExecutor):
             log.warning("the process drawing the evaluation figures stopped (a script that "
                         "calls train() needs `if __name__ == '__main__':`); drawing them in the "
@@ -169,23 +155,16 @@ def image_summary(tag: str, image: np.ndarray) -> bytes:
 
 @lru_cache(maxsize=4)
 def _attention_grids(tokens: tuple[str, ...], n_head: int):
-    """One AttentionGridImages per token list and head count, kept by the helper from one
-    evaluation to the next: a run captures the same probe prompt each time, so only the first
-    lays figures out."""
-    # matplotlib (~0.6 s to import) loads where figures are drawn: the helper, not training
-    from tinylm.inspection.figures import AttentionGridImages
+    """One AttentionGridImages per token list and head count, kept from one evaluation to the
+    next: a run captures the same probe prompt each time, so only the first lays figures out."""
+    from tinylm.inspection.figures import AttentionGridImages  # matplotlib: in the helper only
 
     return AttentionGridImages(tokens)
 
 
-def _nothing() -> None:
-    """The job that only starts the helper."""
-
-
 def lay_out_attention_grid(tokens: list[str], n_head: int) -> None:
-    """Lay out the figure attention_grid_summaries draws for `tokens` (its first draw's ~1.7 s
-    of a ~2 s draw on an AMD Zen 3), so that the first evaluation's figures take only the rest.
-    The layout depends on the tokens and the head count, not on the weights."""
+    """Lay out the figure attention_grid_summaries draws for `tokens` (most of a first draw's
+    time), so that the first evaluation's figures take only the rest."""
     _attention_grids(tuple(tokens), n_head)(np.zeros((n_head, len(tokens), len(tokens)),
                                                      dtype=np.float32))
 
@@ -200,7 +179,6 @@ def attention_grid_summaries(weights: np.ndarray, tokens: list[str], step: int) 
 def layer_head_summaries(tag: str, values: np.ndarray, title: str, label: str,
                          step: int) -> list[bytes]:
     """`tag`: a (n_layer, n_head) table of per-head numbers as a heatmap."""
-    # matplotlib (~0.6 s to import) loads where figures are drawn: the helper, not training
-    from tinylm.inspection.figures import figure_to_image, layer_head_heatmap
+    from tinylm.inspection.figures import figure_to_image, layer_head_heatmap  # matplotlib
 
     return [image_summary(tag, figure_to_image(layer_head_heatmap(values, title, label)))]

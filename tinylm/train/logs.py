@@ -1,14 +1,13 @@
 """What a training run shows in TensorBoard: scalars, a sample, attention maps, hyperparameters.
 
-Rank 0 keeps one TrainingLogs per run. Its figures are drawn by a helper process (tinylm/train/figure_process.py)
-while training goes on; `write_finished` writes, between steps, those that are done. The helper
-starts before the model's optimizer is built, to load and lay out its figures meanwhile.
+Rank 0 keeps one TrainingLogs per run; its figures are drawn by a helper process
+(tinylm/train/figure_process.py), started first so that it gets ready while the run starts up.
 
-    extras, name_items = start_figures(train_cfg, tokenizer, block_size, n_head)
-    logs = TrainingLogs(run_dir / "tensorboard", step, run_config, tokenizer, extras, name_items)
+    logs = TrainingLogs(train_cfg, tokenizer, block_size, n_head)   # the helper starts
+    logs.open(run_dir / "tensorboard", step, run_config)
     logs.train_scalars(step, loss, grad_norm, lr, tokens_per_s, mfu)
-    logs.evaluation(model, train_cfg, step, val_loss, perplexity, device)
-    dropped = logs.close(wait=True)          # how many evaluations' figures were not written
+    logs.evaluation(model, step, val_loss, perplexity, device)
+    dropped = logs.close(wait=True)      # how many evaluations' figures were not written
 """
 
 from __future__ import annotations
@@ -20,55 +19,43 @@ import yaml
 from torch.utils.tensorboard import SummaryWriter
 from torch.utils.tensorboard.summary import hparams
 
+from tinylm.generate import encode_prompt, generate
+from tinylm.inspection.capture import capture_attention, token_window
+from tinylm.inspection.probe import deciding_name_attention, shipped_name_items
+from tinylm.inspection.tensorboard_plugin.summary import write_attention
+from tinylm.model import TinyLM
 from tinylm.train.figure_process import (
     Extras,
     attention_grid_summaries,
     lay_out_attention_grid,
     layer_head_summaries,
 )
-from tinylm.generate import encode_prompt, generate
-from tinylm.inspection.capture import capture_attention, token_window
-from tinylm.model import TinyLM
-from tinylm.inspection.probe import deciding_name_attention, shipped_name_items
-from tinylm.inspection.probe_items import EncodedAttentionItem
-from tinylm.inspection.tensorboard_plugin.summary import write_attention
 from tinylm.train.run_config import TrainConfig
 
 
-def start_figures(cfg: TrainConfig, tokenizer, block_size: int, n_head: int
-                  ) -> tuple[Extras, list[EncodedAttentionItem]]:
-    """The helper that will draw a run's figures, started now, and the shipped agreement items
-    as tokens (once: each evaluation then costs one forward pass and one small image).
-
-    The helper loads matplotlib and lays out the probe prompt's grid, ~3 s of one core, while
-    the caller builds the optimizer, which keeps one core busy importing torch._dynamo: on a
-    machine with a core to spare the first evaluation's figures no longer cost training that.
-    """
-    extras = Extras()
-    name_items = shipped_name_items(tokenizer, block_size)
-    if cfg.probe_prompt:
-        ids = token_window(tokenizer, cfg.probe_prompt, block_size)[0]
-        extras.start(lay_out_attention_grid, list(tokenizer.token_strings(ids)), n_head)
-    elif name_items:
-        extras.start()
-    return extras, name_items
-
-
 class TrainingLogs:
-    """One run's TensorBoard writer and the helper that draws its figures (start_figures)."""
+    """One run's TensorBoard writer and the helper process that draws its figures."""
 
-    def __init__(self, log_dir: Path, step: int, run_config: dict, tokenizer, extras: Extras,
-                 name_items: list[EncodedAttentionItem]):
-        self.extras = extras
+    def __init__(self, cfg: TrainConfig, tokenizer, block_size: int, n_head: int):
+        """Start the figure helper; tokenize the shipped agreement items once (each evaluation
+        then costs one forward pass and one small image)."""
+        self.cfg, self.tokenizer = cfg, tokenizer
+        self.writer: SummaryWriter | None = None  # open() opens it
+        self.extras = Extras()
+        self.name_items = shipped_name_items(tokenizer, block_size)
+        if cfg.probe_prompt:
+            ids = token_window(tokenizer, cfg.probe_prompt, block_size)[0]
+            self.extras.start(lay_out_attention_grid, list(tokenizer.token_strings(ids)), n_head)
+        elif self.name_items:
+            self.extras.start()
+
+    def open(self, log_dir: Path, step: int, run_config: dict) -> None:
+        """Open the event files of a run starting at `step`; a fresh run writes its
+        hyperparameters (TensorBoard's HPARAMS tab, with the val scalars as its metrics)."""
         # purge_step hides what an earlier attempt logged after this checkpoint's step
         self.writer = SummaryWriter(str(log_dir), purge_step=step + 1 if step else None)
-        if step == 0:
-            self._write_hparams(run_config)
-        self.tokenizer = tokenizer
-        self.name_items = name_items
-
-    def _write_hparams(self, run_config: dict) -> None:
-        """The run's hyperparameters for TensorBoard's HPARAMS tab (metrics: the val scalars)."""
+        if step:
+            return
         flat = {f"{group}.{key}": value if isinstance(value, int | float | str | bool)
                 else str(value) for group, values in run_config.items()
                 for key, value in values.items()}
@@ -79,6 +66,8 @@ class TrainingLogs:
 
     def train_scalars(self, step: int, loss: float, grad_norm: float, lr: float,
                       tokens_per_s: float, mfu: float) -> None:
+        """The training scalars, and the figures the helper has finished drawing."""
+        self.extras.write_finished(self.writer)
         w = self.writer
         w.add_scalar("train/loss", loss, step)
         w.add_scalar("train/lr", lr, step)
@@ -86,22 +75,14 @@ class TrainingLogs:
         w.add_scalar("train/tokens_per_sec", tokens_per_s, step)
         w.add_scalar("train/mfu", mfu, step)
 
-    def evaluation(self, model: TinyLM, cfg: TrainConfig, step: int, val_loss: float,
-                   perplexity: float, device: torch.device) -> None:
+    def evaluation(self, model: TinyLM, step: int, val_loss: float, perplexity: float,
+                   device: torch.device) -> None:
         """The val scalars, a sample, every layer's attention maps and the deciding-attention
         grid (the figures are handed to the helper)."""
         self.writer.add_scalar("val/loss", val_loss, step)
         self.writer.add_scalar("val/perplexity", perplexity, step)
         model.eval()
-        self._sample_and_attention(model, cfg, step, device)
-        if self.name_items:
-            self._deciding_attention(model, step)
-        model.train()
-
-    def _sample_and_attention(self, model: TinyLM, cfg: TrainConfig, step: int,
-                              device: torch.device) -> None:
-        """A continuation of sample_prompt, and every layer's heads on probe_prompt (captured
-        here, drawn by the helper while training goes on)."""
+        cfg = self.cfg
         if cfg.sample_tokens:
             ids, _ = encode_prompt(self.tokenizer, cfg.sample_prompt, model.config.block_size)
             generator = torch.Generator(device=device).manual_seed(cfg.seed)  # the same each time
@@ -110,30 +91,26 @@ class TrainingLogs:
                            stop_id=self.tokenizer.eot_id)
             text = self.tokenizer.decode(out[0].tolist())
             self.writer.add_text("samples/text", "```\n" + text + "\n```", step)
-        if cfg.probe_prompt:
+        if cfg.probe_prompt:  # every layer's heads on probe_prompt
             capture = capture_attention(model, self.tokenizer, cfg.probe_prompt)
             write_attention(self.writer, "probe_prompt", capture, step)  # "tinylm attention" tab
             self.extras.submit(step, attention_grid_summaries, capture.weights, capture.tokens)
-
-    def _deciding_attention(self, model: TinyLM, step: int) -> None:
-        """Each head's attention from the token before the pronoun to the name on the shipped
-        agreement items: the layer x head grid in which the carrier head appears (computed
-        here, drawn by the helper)."""
-        grid = deciding_name_attention(model, self.name_items)
-        self.extras.submit(step, layer_head_summaries, "probe/deciding_attention", grid,
-                           f"deciding attention to the name, step {step} "
-                           f"({len(self.name_items)} items)", "attention")
-
-    def write_finished(self) -> None:
-        """Write the figures the helper has finished drawing."""
-        self.extras.write_finished(self.writer)
+        if self.name_items:
+            # each head's attention from the token before the pronoun to the name: the layer x
+            # head grid in which the head that carries the name appears
+            grid = deciding_name_attention(model, self.name_items)
+            self.extras.submit(step, layer_head_summaries, "probe/deciding_attention", grid,
+                               f"deciding attention to the name, step {step} "
+                               f"({len(self.name_items)} items)", "attention")
+        model.train()
 
     def close(self, wait: bool = True) -> int:
-        """Write the figures still being drawn (wait=True) or drop them (wait=False, or a
-        Ctrl-C while waiting), then close the files; returns how many evaluations' were dropped."""
+        """Write the figures still being drawn (wait=True) or drop them (wait=False, or a Ctrl-C
+        while waiting), then close the files; returns how many evaluations' were dropped."""
         try:
             dropped = self.extras.close(self.writer, wait)
         except KeyboardInterrupt:
             dropped = self.extras.close(self.writer, wait=False)
-        self.writer.close()
+        if self.writer is not None:
+            self.writer.close()
         return dropped

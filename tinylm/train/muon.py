@@ -1,15 +1,10 @@
 """optim=muon: Muon for the Linear matrices of the blocks, AdamW for everything else.
 
 Muon (torch.optim.Muon) replaces each matrix's momentum update by the nearest semi-orthogonal
-matrix (a few Newton-Schulz iterations), so every direction of the update moves by a
-similar amount instead of a few large ones dominating. It is defined for 2-D weights only; the
-embeddings (and the LM head tied to the token embedding), norms and biases stay with AdamW.
-
-    tinylm-train optim=muon                          # conf/optim/muon.yaml
-    tinylm-train experiment=shakespeare_char optim.muon_lr=0.03
-
-Both optimizers follow the same warmup + cosine schedule: the trainer sets every group's lr to
-the scheduled lr times the group's `lr_scale` (muon_lr / lr for Muon's group).
+matrix (a few Newton-Schulz iterations), so every direction of the update moves by a similar
+amount instead of a few large ones dominating. It is defined for 2-D weights only; the embeddings
+(and the LM head tied to the token embedding), norms and biases stay with AdamW. The optimizer is
+built, and its learning rate scheduled, in tinylm/train/optim.py.
 """
 
 from __future__ import annotations
@@ -18,29 +13,20 @@ import math
 from collections import defaultdict
 
 import torch
-from torch import Tensor, nn
+from torch import Tensor
 
 from tinylm.device import has_fast_bf16
 
 
 class ShapeBatchedMuon(torch.optim.Muon):
     """torch.optim.Muon's update, with the Newton-Schulz iterations of all matrices of one shape
-    run as one batch.
+    run as one batch (torch runs them one matrix at a time: many small matmuls).
 
-    torch orthogonalizes the matrices one at a time: the 16 small matrices of the
-    shakespeare_char model make 240 small matmuls a step, ~16 ms of a ~40 ms step on 2 cores.
-    Stacked by shape (3 shapes there), the same iterations take ~9 ms. The arithmetic per
-    matrix is torch's (tests/test_muon.py checks the weights against torch.optim.Muon's); a
-    batched bf16 matmul may round differently from a single one, so a long run ends within
-    noise of torch's, not bit for bit. The state (`momentum_buffer`) and hyperparameters are
-    torch's, so checkpoints load in either.
-
-    torch iterates in bf16; so does this class where the hardware multiplies bf16
-    (tinylm.device.has_fast_bf16), and in fp32 elsewhere (`ns_dtype=None`, the default). On a
-    CPU without bf16 instructions torch's bf16 iterations made a shakespeare_char step take
-    ~1 s, against ~95 ms in fp32 (AMD Zen 3, docs/benchmarks.md). fp32 is more precise, and
-    lets the wide matrices iterate on their small Gram matrix instead (`through_gram`), which
-    bf16's rounding would not allow. A dtype given as `ns_dtype` holds on every device.
+    The arithmetic per matrix, the state (`momentum_buffer`) and the hyperparameters are torch's,
+    so checkpoints load in either; a batched bf16 matmul may round differently from a single one.
+    The iterations run in bf16 (as torch's) where the hardware multiplies bf16, else in fp32
+    (`ns_dtype=None`), where bf16 is emulated and slow; a dtype given as `ns_dtype` holds
+    everywhere.
     """
 
     def __init__(self, params, *, ns_dtype: torch.dtype | None = None, **settings):
@@ -54,13 +40,13 @@ class ShapeBatchedMuon(torch.optim.Muon):
                 raise ValueError(f"adjust_lr_fn={group['adjust_lr_fn']!r} is not supported "
                                  "here; allowed: None, 'original'")
             params = [p for p in group["params"] if p.grad is not None]
+            if not params:
+                continue
             updates = []
             for p in params:
                 buf = self.state[p].setdefault("momentum_buffer", torch.zeros_like(p.grad))
                 buf.lerp_(p.grad, 1 - group["momentum"])
                 updates.append(p.grad.lerp(buf, group["momentum"]) if group["nesterov"] else buf)
-            if not params:
-                continue
             dtype = self.ns_dtype if self.ns_dtype is not None else (
                 torch.bfloat16 if has_fast_bf16(params[0].device) else torch.float32)
             orthogonal = newton_schulz(updates, group["ns_coefficients"], group["ns_steps"],
@@ -73,10 +59,10 @@ class ShapeBatchedMuon(torch.optim.Muon):
 
 def newton_schulz(updates: list[Tensor], coefficients: tuple[float, float, float], steps: int,
                   eps: float, dtype: torch.dtype = torch.bfloat16) -> list[Tensor]:
-    """Each update's nearest semi-orthogonal matrix, approximately, in `dtype` (bf16: as
-    torch.optim.Muon computes it): wide side first, scaled to Frobenius norm 1, then `steps`
-    quintic iterations X <- aX + (bA + cA²)X with A = XXᵀ. Matrices of one shape go through as
-    one batch; in fp32, matrices at least twice as wide as tall go through their Gram matrix."""
+    """Each update's nearest semi-orthogonal matrix, approximately, in `dtype`: wide side first,
+    scaled to Frobenius norm 1, then `steps` quintic iterations X <- aX + (bA + cA²)X with
+    A = XXᵀ. Matrices of one shape go through as one batch; in fp32, matrices at least twice as
+    wide as tall go through their Gram matrix."""
     wide = [u.mT if u.size(0) > u.size(1) else u for u in updates]  # (rows <= cols)
     by_shape: dict[torch.Size, list[int]] = defaultdict(list)
     for i, w in enumerate(wide):
@@ -109,9 +95,8 @@ def through_gram(x: Tensor, coefficients: tuple[float, float, float], steps: int
     Each step multiplies X by P = aI + bA + cA², so the result is X_s = P_s···P_1 X_0, and the
     next A = P A Pᵀ = P A P (P is symmetric and, a polynomial in A, commutes with it). Only the
     first A and the final product touch the wide X: 4·rows²·cols + (8·steps − 6)·rows³ FLOPs
-    against directly's steps·(4·rows²·cols + 2·rows³), fewer once cols > 1.5·rows at 5 steps
-    (1.8x fewer for the 128 x 512 matrices of the default model's MLP). In fp32 it stays within
-    ~1e-5 of the direct iterations on outputs of ~0.2 (tests/test_muon.py); bf16 would not.
+    against directly's steps·(4·rows²·cols + 2·rows³), fewer once cols > 1.5·rows at 5 steps.
+    Exact in fp32 up to rounding; bf16's rounding would not allow it.
     """
     a, b, c = coefficients
     gram = x @ x.mT  # (n, rows, rows)
@@ -150,12 +135,3 @@ class MuonWithAdamW:
     def load_state_dict(self, state: dict) -> None:
         self.muon.load_state_dict(state["muon"])
         self.adamw.load_state_dict(state["adamw"])
-
-
-def muon(matrices: list[nn.Parameter], optim) -> ShapeBatchedMuon:
-    """Muon over `matrices` (decayed) from an OptimConfig; its group's `lr_scale` makes the
-    schedule reach muon_lr where AdamW's groups reach lr."""
-    return ShapeBatchedMuon(
-        [{"params": matrices, "lr_scale": optim.muon_lr / optim.lr if optim.lr else 1.0}],
-        lr=optim.muon_lr, weight_decay=optim.weight_decay, momentum=optim.muon_momentum,
-        nesterov=True)

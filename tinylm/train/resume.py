@@ -1,24 +1,21 @@
 """Continuing a run: which checkpoint train.resume means, whether it fits this run, and the
 trainer state saved beside the weights (trainer_state.pt) and restored from it.
 
-The trainer state holds what an uninterrupted run would still have in memory: the optimizer and
-gradient-scaler states, the step, the best validation loss, the tokens seen, and for each
-process (rank) its batch sampler, its RNG states and its thread count. So on CPU a run that is
-stopped and resumed continues bit for bit.
+The trainer state holds what an uninterrupted run would still have in memory (the optimizer and
+gradient-scaler states, the step, the best validation loss, the tokens seen, and each process's
+batch sampler, RNG states and thread count), so on CPU a resumed run continues bit for bit.
 
-    directory = checkpoint_to_resume(run_dir, train.resume)      # None: a fresh run
-    ranks = gather(RankState.capture(sampler, device, threads), world_size)   # every rank's part
-    state = trainer_state(step, best_val, tokens_seen, optimizer, scaler, ranks)  # to save
-    state = restore(directory, run_config, tokenizer_file, model, optimizer, scaler)  # to resume
-    RankState.of(state, rank).restore(sampler, device)
+    directory = checkpoint_to_resume(run_dir, train.resume)            # None: a fresh run
+    ranks = gather(rank_state(sampler, device, threads), world_size)   # to save: every rank's
+    state = trainer_state(step, best_val, tokens_seen, optimizer, scaler, ranks)
+    state = restore(directory, run_config, tokenizer_file, model, optimizer, scaler)  # resume
+    restore_rank(state, rank, sampler, device)
 """
 
 from __future__ import annotations
 
 import dataclasses
 import pickle
-from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -35,7 +32,6 @@ from tinylm.checkpoint import (
 )
 from tinylm.config import ConfigError
 from tinylm.data import BatchSampler
-from tinylm.train.threads import ThreadChoice
 
 TRAINER_STATE_KEYS = ("step", "best_val_loss", "tokens_seen", "world_size", "optimizer", "scaler",
                       "sampler", "rng_cpu", "rng_cuda")
@@ -95,47 +91,31 @@ def check_resume_matches(ckpt: Checkpoint, run_config: dict, tokenizer_file: Pat
         raise ConfigError(f"cannot resume from {ckpt.directory}: it has no {TRAINER_STATE_FILE}")
 
 
-@dataclass
-class RankState:
-    """One process's part of the trainer state: where its batches stand, its RNGs, its threads."""
-
-    sampler: dict
-    rng_cpu: torch.Tensor
-    rng_cuda: torch.Tensor | None  # None off CUDA
-    threads: int | None  # None in a trainer state saved before the count was
-
-    @classmethod
-    def capture(cls, sampler: BatchSampler, device: torch.device, threads: int) -> RankState:
-        """This process's part now."""
-        on_cuda = device.type == "cuda"
-        return cls(sampler.state_dict(), torch.get_rng_state(),
-                   torch.cuda.get_rng_state(device) if on_cuda else None, threads)
-
-    @classmethod
-    def of(cls, state: dict, rank: int) -> RankState:
-        """Rank `rank`'s part of a loaded trainer state."""
-        return cls(state["sampler"][rank], state["rng_cpu"][rank],
-                   state["rng_cuda"][rank] if state["rng_cuda"] else None,
-                   int(state["threads"][rank]) if state.get("threads") else None)
-
-    def restore(self, sampler: BatchSampler, device: torch.device) -> None:
-        """Continue the batches and the random streams where they stood."""
-        sampler.load_state_dict(self.sampler)
-        torch.set_rng_state(self.rng_cpu)
-        if device.type == "cuda" and self.rng_cuda is not None:
-            torch.cuda.set_rng_state(self.rng_cuda, device)
+def rank_state(sampler: BatchSampler, device: torch.device, threads: int) -> dict:
+    """This process's part of the trainer state: where its batches stand, its RNGs, its threads."""
+    return {"sampler": sampler.state_dict(), "rng_cpu": torch.get_rng_state(),
+            "rng_cuda": torch.cuda.get_rng_state(device) if device.type == "cuda" else None,
+            "threads": threads}
 
 
 def trainer_state(step: int, best_val_loss: float, tokens_seen: int, optimizer, scaler,
-                  ranks: list[RankState]) -> dict:
+                  ranks: list[dict]) -> dict:
     """What trainer_state.pt holds: the shared state, and each rank's part in rank order."""
-    on_cuda = ranks[0].rng_cuda is not None
+    on_cuda = ranks[0]["rng_cuda"] is not None
     return {"step": step, "best_val_loss": best_val_loss, "tokens_seen": tokens_seen,
             "world_size": len(ranks), "optimizer": optimizer.state_dict(),
-            "scaler": scaler.state_dict(), "sampler": [r.sampler for r in ranks],
-            "rng_cpu": [r.rng_cpu for r in ranks],
-            "rng_cuda": [r.rng_cuda for r in ranks] if on_cuda else None,
-            "threads": [r.threads for r in ranks]}
+            "scaler": scaler.state_dict(), "sampler": [r["sampler"] for r in ranks],
+            "rng_cpu": [r["rng_cpu"] for r in ranks],
+            "rng_cuda": [r["rng_cuda"] for r in ranks] if on_cuda else None,
+            "threads": [r["threads"] for r in ranks]}
+
+
+def restore_rank(state: dict, rank: int, sampler: BatchSampler, device: torch.device) -> None:
+    """Continue rank `rank`'s batches and random streams where they stood."""
+    sampler.load_state_dict(state["sampler"][rank])
+    torch.set_rng_state(state["rng_cpu"][rank])
+    if device.type == "cuda" and state["rng_cuda"]:
+        torch.cuda.set_rng_state(state["rng_cuda"][rank], device)
 
 
 def load_trainer_state(file: Path) -> dict:
@@ -175,20 +155,3 @@ def restore(directory: Path, run_config: dict, tokenizer_file: Path, model: torc
                          f"{str(err).splitlines()[0]}") from None
     return state
 
-
-def resumed_threads(setting: int | str, chosen: ThreadChoice, saved: int | None,
-                    warn: Callable[[str], None]) -> ThreadChoice:
-    """The thread count of a resumed run. threads=auto: the count the run started with (saved
-    in its trainer state), not a new choice, so that the resumed steps compute as the first
-    run's did; a number is used as it is (`warn` says so if it differs). Nothing saved (a state
-    older than the count): this start's choice."""
-    if saved is None:
-        return chosen
-    if setting == "auto":
-        torch.set_num_threads(saved)
-        return ThreadChoice(saved, "resumed run's count")
-    if saved != chosen.threads:
-        warn(f"resuming with train.threads={chosen.threads}, the checkpoint was trained with "
-             f"{saved}: the losses and weights may then differ in the last digits from those "
-             "of an uninterrupted run")
-    return chosen

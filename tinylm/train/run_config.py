@@ -1,9 +1,8 @@
 """The configuration of a training run: TrainConfig (the loop, evaluation, logging, checkpoints;
 conf/train/) and RunConfig (every group together, and where the run writes).
 
-    from tinylm.train.run_config import RunConfig, TrainConfig
     cfg = RunConfig(run_dir="runs/mine", train=TrainConfig(max_steps=100))
-    cfg = RunConfig.from_config(composed, run_dir)     # from a Hydra composition or a dict
+    cfg = RunConfig.from_config({"model": {"n_layer": 2}, "train": {...}}, run_dir)
 """
 
 from __future__ import annotations
@@ -11,27 +10,22 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
-
-from omegaconf import DictConfig, OmegaConf
 
 from tinylm.config import ConfigError, bad, flag, integer, one_of, to_dataclass
 from tinylm.data import DataConfig
 from tinylm.model import ModelConfig
+from tinylm.tokenizer import TokenizerConfig
 from tinylm.train.optim import OptimConfig
 from tinylm.train.runtime import PRECISIONS
 from tinylm.train.threads import check_threads_setting
-from tinylm.tokenizer import TokenizerConfig
 
 
 @dataclass
 class TrainConfig:
-    """The training loop, evaluation, logging, checkpoints.
+    """The training loop, evaluation, logging, checkpoints; the schema of conf/train/*.yaml (each
+    default is written here only)."""
 
-    The schema of conf/train/*.yaml: each default is written here only.
-    """
-
-    max_steps: int = 2000  # the default run on 2 quiet cores: ~5.5 min in bf16, ~14.5 in fp32
+    max_steps: int = 2000  # optimizer steps of the whole run
     batch_size: int = 16  # sequences per micro-batch (per process under torchrun)
     grad_accum_steps: int = 1  # micro-batches whose gradients add up to one optimizer step
     eval_interval: int = 250  # steps between evaluations
@@ -81,14 +75,13 @@ class RunConfig:
               "optim": OptimConfig, "train": TrainConfig}
 
     @classmethod
-    def from_config(cls, cfg: Any, run_dir: str | Path) -> RunConfig:
-        """Build from a composed config (OmegaConf node or dict with one key per group)."""
-        values = OmegaConf.to_container(cfg, resolve=True) if isinstance(cfg, DictConfig) else cfg
+    def from_config(cls, values: dict, run_dir: str | Path) -> RunConfig:
+        """Build from plain data with one key per group (a composed config, as a dict)."""
         unknown = sorted(set(values) - set(cls.GROUPS))
         if unknown:
             raise ConfigError(f"unknown config key {', '.join(unknown)}; allowed top-level keys: "
                               f"{', '.join(cls.GROUPS)} (and experiment=<name>)")
-        groups = {name: to_dataclass(kind, values.get(name, {}), name)
+        groups = {name: to_dataclass(kind, values.get(name), name)
                   for name, kind in cls.GROUPS.items()}
         return cls(run_dir=str(run_dir), **groups)
 

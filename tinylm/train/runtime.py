@@ -1,10 +1,10 @@
-"""Where and how a training process runs: the process group under torchrun, the autocast
-precision, this machine's matmul rate (for MFU), Ctrl-C / SIGTERM turned into a clean stop, and
-a torch.compile without a C++ compiler said in one line.
+"""Where and how a training process runs: the process group under torchrun, the precision, this
+machine's matmul rate (for MFU), Ctrl-C / SIGTERM turned into a clean stop, and a torch.compile
+without a C++ compiler said in one line.
 
-    rank, local_rank, world_size = init_distributed()   # (0, 0, 1) without torchrun
-    dtype = resolve_precision("auto", device)           # bf16, fp16 or fp32
-    with StopSignals() as stop:                         # stop.signum: set by the first signal
+    rank, local_rank, world_size = init_distributed()    # (0, 0, 1) without torchrun
+    dtype, autocast, scaler = mixed_precision("auto", device)
+    with StopSignals() as stop:                          # stop.signum: set by the first signal
         ...
 """
 
@@ -26,7 +26,8 @@ import torch.distributed as dist
 from tinylm.config import bad
 from tinylm.device import has_fast_bf16
 
-PRECISIONS = ("auto", "fp32", "bf16", "fp16")
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+PRECISIONS = ("auto", *DTYPES)
 
 
 class TrainingInterrupted(Exception):
@@ -34,27 +35,8 @@ class TrainingInterrupted(Exception):
 
     def __init__(self, signum: int, checkpoint: Path | None, step: int):
         self.signum, self.checkpoint, self.step = signum, checkpoint, step
-        name = signal.Signals(signum).name
         where = f"saved {checkpoint}" if checkpoint else "nothing to save yet"
-        super().__init__(f"{name} at step {step}: {where}")
-
-
-class CompilerMissing(ValueError):
-    """train.compile=true, and torch.compile found no C++ compiler to build its CPU kernels."""
-
-
-def compiler_missing(err: BaseException) -> CompilerMissing | None:
-    """The one-line error for a torch.compile that failed for want of a C++ compiler (a laptop
-    without build tools: Windows without Visual Studio's, a Mac without Xcode's); None for any
-    other failure. Inductor says so only in its message (InvalidCxxCompiler)."""
-    found = re.search(r"No working C\+\+ compiler[^\n]*", str(err))
-    if found is None:
-        return None
-    return CompilerMissing(
-        f"train.compile=true: torch.compile builds CPU kernels with a C++ compiler and found "
-        f"none ({found.group(0)}); install one (g++ or clang++; on Windows, Visual Studio's "
-        "Build Tools) or name it in the CXX environment variable, or train with "
-        "train.compile=false")
+        super().__init__(f"{signal.Signals(signum).name} at step {step}: {where}")
 
 
 class StoppedAgain(KeyboardInterrupt):
@@ -66,12 +48,11 @@ class StoppedAgain(KeyboardInterrupt):
 
 
 class StopSignals:
-    """Turns the first SIGINT/SIGTERM into a flag the loop checks between steps.
+    """Turns the first SIGINT/SIGTERM into a flag (`signum`) the loop checks between steps.
 
-    A second signal interrupts at once (a checkpoint being written stays invisible until
-    complete, so even that leaves the last good one readable), except under torchrun: there
-    Ctrl-C reaches each worker twice, from the terminal and forwarded by torchrun, and torchrun
-    itself kills workers that take too long.
+    A second signal interrupts at once (a checkpoint being written stays invisible until complete),
+    except under torchrun (abort_on_second=False): there Ctrl-C reaches each worker twice, from
+    the terminal and from torchrun, which itself kills workers that take too long.
     """
 
     def __init__(self, abort_on_second: bool = True):
@@ -95,6 +76,26 @@ class StopSignals:
             signal.signal(signum, handler)
 
 
+class CompilerMissing(ValueError):
+    """train.compile=true, and torch.compile found no C++ compiler to build its CPU kernels."""
+
+
+def compiler_missing(err: BaseException) -> CompilerMissing | None:
+    """The one-line error for a torch.compile that failed for want of a C++ compiler; None for
+    any other failure (inductor says so only in its message)."""
+    found = re.search(r"No working C\+\+ compiler[^\n]*", str(err))
+    if found is None:
+        return None
+    return CompilerMissing(
+        f"train.compile=true: torch.compile builds CPU kernels with a C++ compiler and found "
+        f"none ({found.group(0)}); install one (g++ or clang++; on Windows, Visual Studio's "
+        "Build Tools) or name it in the CXX environment variable, or train with "
+        "train.compile=false")
+
+
+# ------------------------------------------------------------------------------- torchrun
+
+
 def init_distributed() -> tuple[int, int, int]:
     """(rank, local_rank, world_size); under torchrun, joins the process group (once)."""
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
@@ -105,8 +106,7 @@ def init_distributed() -> tuple[int, int, int]:
         if torch.cuda.is_available():
             torch.cuda.set_device(local_rank)
         # gloo for CPU tensors, NCCL for CUDA tensors: one group serves either device
-        backend = "cpu:gloo,cuda:nccl" if torch.cuda.is_available() else "gloo"
-        dist.init_process_group(backend)
+        dist.init_process_group("cpu:gloo,cuda:nccl" if torch.cuda.is_available() else "gloo")
     return dist.get_rank(), local_rank, dist.get_world_size()
 
 
@@ -128,20 +128,29 @@ def all_reduce(values: list[float], world_size: int) -> list[float]:
     return t.tolist()
 
 
-def resolve_precision(precision: str, device: torch.device) -> torch.dtype:
-    """The autocast dtype for train.precision; `auto` picks the fastest that keeps the loss curve.
+# ------------------------------------------------------------------------------ precision
 
-    auto: bf16 on CUDA GPUs that have it, else fp16 (with a gradient scaler); on CPUs with bf16
-    instructions (AVX512-BF16 or AMX) bf16, which trains tinylm's default model ~1.6x faster than
-    fp32 with the same losses; fp32 on other CPUs, where bf16 is emulated and slow.
-    """
+
+def resolve_precision(precision: str, device: torch.device) -> torch.dtype:
+    """The autocast dtype for train.precision; `auto` picks the fastest that keeps the loss curve:
+    bf16 where the hardware has it (CUDA, or a CPU with AVX512-BF16 or AMX), else fp16 on CUDA
+    (with a gradient scaler) and fp32 on a CPU, where bf16 is emulated and slow."""
     if precision == "auto":
-        if device.type == "cuda":
-            return torch.bfloat16 if has_fast_bf16(device) else torch.float16
-        return torch.bfloat16 if has_fast_bf16(device) else torch.float32
+        if has_fast_bf16(device):
+            return torch.bfloat16
+        return torch.float16 if device.type == "cuda" else torch.float32
     if precision == "fp16" and device.type != "cuda":
         raise bad("train.precision", precision, "fp16 needs CUDA; use bf16 or fp32 on the CPU")
-    return {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[precision]
+    return DTYPES[precision]
+
+
+def mixed_precision(precision: str, device: torch.device
+                    ) -> tuple[torch.dtype, torch.autocast, torch.amp.GradScaler]:
+    """(dtype, the autocast context the forward passes run in, the gradient scaler): the scaler
+    works only in fp16, whose small gradients would otherwise round to zero."""
+    dtype = resolve_precision(precision, device)
+    autocast = torch.autocast(device.type, dtype=dtype, enabled=dtype != torch.float32)
+    return dtype, autocast, torch.amp.GradScaler(device.type, enabled=dtype == torch.float16)
 
 
 @lru_cache(maxsize=8)

@@ -1,36 +1,27 @@
-"""How many intra-op threads torch should use: `threads=auto` fits them to the machine as it is.
+"""How many intra-op threads torch uses: a number, or `auto`, fitted to the machine as it is.
 
-PyTorch starts one intra-op thread per physical core and has them spin against each other's
-work: a parallel region waits for its slowest thread, so when another program holds one of the
-cores every step waits for the thread that shares it. Beside one busy process a 2-thread run kept
-about a third of its speed; with 1 thread it kept almost all. So `auto` counts the cores this
-process may run on (its affinity) and how many of them other work keeps busy right now, and
-takes the idle ones (at least 1). Under torchrun the processes on one machine split the cores.
+A parallel region waits for its slowest thread, so a thread that shares its core with another
+program slows every step: `auto` takes the cores this process may run on (its affinity) that other
+work leaves idle, at least 1; under torchrun the processes on one machine split them.
 
-When other work keeps every core busy, one thread gets only its slice of a shared core (a third
-of the machine beside a 2-thread job on 2 cores). A team of threads would get more, but torch's
-OpenMP threads spin while they wait for each other, each burning its slice while a teammate
-waits for one, and the team collapses (to 6-30% of its quiet speed). A team whose threads
-sleep while they wait (OMP_WAIT_POLICY=passive) kept 52-75% of it there on a Zen 3, one thread
-39-46% (docs/benchmarks.md). OpenMP reads that setting once, when torch loads, so the training
-command decides it before torch is imported:
-
-    wait_passively_if_cores_full()           # before `import torch`; sets OMP_WAIT_POLICY
-    choice = choose_threads("auto")          # ThreadChoice(threads=2, reason="auto: ...")
-    apply_threads(cfg.threads)               # sets torch's intra-op threads; returns the choice
+    sample = start_sample()                 # when a command starts
+    ...                                     # its start-up: the cores are watched meanwhile
+    choice = apply_threads("auto", sample)  # ThreadChoice(2, "auto: ..."), given to torch
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
-import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
+
+import torch
 
 from tinylm.config import ConfigError
 
-# how long `auto` watches the cores when the caller has no earlier sample to compare with
+# how long `auto` watches the cores at least
 MEASURE_SECONDS = 0.2
 
 
@@ -53,8 +44,8 @@ def check_threads_setting(key: str, value) -> None:
 
 
 def usable_cpus() -> list[int]:
-    """The logical CPUs this process may run on (its affinity; all of them where the OS has no
-    affinity call, as on macOS and Windows)."""
+    """The logical CPUs this process may run on (all of them where the OS has no affinity call,
+    as on macOS and Windows)."""
     if hasattr(os, "sched_getaffinity"):
         return sorted(os.sched_getaffinity(0))
     return list(range(os.cpu_count() or 1))
@@ -89,56 +80,10 @@ def sample_cpus(cpus: list[int]) -> CpuSample | None:
     return CpuSample(time.monotonic(), busy / ticks, times.user + times.system)
 
 
-@dataclass(frozen=True)
-class CpuUse:
-    """How many cores other programs and this process kept busy over some time."""
-
-    others: float
-    own: float  # 0 where unknown (the load average counts this process among the others)
-    how: str  # how it was found, in words
-
-    def fills(self, cpus: int) -> bool:
-        """Whether this process and the others together left none of `cpus` cores free."""
-        return free_cores(cpus, self.others + self.own) == 0
-
-
-def cpu_use(cpus: list[int], since: CpuSample | None = None) -> CpuUse | None:
-    """The use of `cpus`; None: unknown.
-
-    Linux: the busy time of those CPUs from /proc/stat, less this process's own, over the time
-    since `since` (the caller's start-up) or a short wait. Elsewhere: the 1-minute load average.
-    """
-    start = since or sample_cpus(cpus)
-    if start is not None:
-        if time.monotonic() - start.wall < MEASURE_SECONDS:
-            time.sleep(MEASURE_SECONDS - (time.monotonic() - start.wall))
-        end = sample_cpus(cpus)
-        wall = end.wall - start.wall
-        own = (end.own - start.own) / wall
-        others = (end.busy - start.busy) / wall - own
-        return CpuUse(max(0.0, others), own, f"over {wall:.1f} s")
-    with contextlib.suppress(OSError, AttributeError):
-        return CpuUse(os.getloadavg()[0], 0.0, "1-minute load average")
-    return None
-
-
-def busy_cpus(cpus: list[int], since: CpuSample | None = None) -> tuple[float, str] | None:
-    """How many of `cpus` other programs keep busy, and how that was found; None: unknown."""
-    use = cpu_use(cpus, since)
-    if use is None:
-        return None
-    busy = use.others
-    # Where every core was taken, this process's one thread got a slice of a core, and so did
-    # each of the others' threads: without this process they would keep busy what they got
-    # divided by that slice. A 2-thread job got 1.3 cores beside our 0.7: it asks for ~2.
-    if 0 < use.own < 1 and use.fills(len(cpus)):
-        busy = use.others / use.own
-    return min(busy, float(len(cpus))), use.how
-
-
-def local_world_size() -> int:
-    """How many processes of this job share the machine (torchrun sets LOCAL_WORLD_SIZE)."""
-    return max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
+def start_sample() -> CpuSample | None:
+    """A sample of the usable cores now, for choose_threads to compare with later: the caller's
+    start-up work then doubles as the time the cores are watched."""
+    return sample_cpus(usable_cpus())
 
 
 def free_cores(cpus: int, busy: float) -> int:
@@ -147,95 +92,67 @@ def free_cores(cpus: int, busy: float) -> int:
     return max(0, int(cpus - busy + 0.5))
 
 
-def waits_passively() -> bool:
-    """Whether torch's OpenMP threads sleep while they wait for each other, by the setting
-    OpenMP reads when torch loads (OMP_WAIT_POLICY), instead of spinning."""
-    return os.environ.get("OMP_WAIT_POLICY", "").strip().lower() == "passive"
+def busy_cpus(cpus: list[int], since: CpuSample | None = None) -> tuple[float, str] | None:
+    """How many of `cpus` other programs kept busy since `since` (or over a short wait), and how
+    that was found; None: unknown.
+
+    Linux: the busy time of those CPUs from /proc/stat, less this process's own. Elsewhere: the
+    1-minute load average (which counts this process too).
+    """
+    start = since or sample_cpus(cpus)
+    if start is None:
+        with contextlib.suppress(OSError, AttributeError):
+            return min(os.getloadavg()[0], float(len(cpus))), "1-minute load average"
+        return None
+    if time.monotonic() - start.wall < MEASURE_SECONDS:
+        time.sleep(MEASURE_SECONDS - (time.monotonic() - start.wall))
+    end = sample_cpus(cpus)
+    wall = end.wall - start.wall
+    others = (end.busy - start.busy - (end.own - start.own)) / wall
+    return min(max(0.0, others), float(len(cpus))), f"over {wall:.1f} s"
 
 
-def wait_passively_if_cores_full(since: CpuSample | None = None) -> bool:
-    """Before torch is imported: when this process and other work keep every usable core busy,
-    set OMP_WAIT_POLICY=passive, so that a team of threads can share those cores without
-    collapsing. Left alone: a wait policy (or GOMP_SPINCOUNT) the environment already sets, a
-    free core, and a process that has imported torch already (too late). Returns
-    waits_passively().
-
-    How busy the others keep the cores is measured better later, over the whole start-up
-    (choose_threads); beside one busy process on 2 cores that gives 1 thread, and the setting
-    then changes nothing. On a quiet machine threads that sleep would cost a small model a fifth
-    to a third of its speed (each operation ends waking them), so quiet runs keep spinning."""
-    if "OMP_WAIT_POLICY" in os.environ or "GOMP_SPINCOUNT" in os.environ \
-            or "torch" in sys.modules:
-        return waits_passively()
-    cpus = usable_cpus()
-    use = cpu_use(cpus, since or start_sample())
-    if use is not None and use.fills(len(cpus)):
-        os.environ["OMP_WAIT_POLICY"] = "passive"
-    return waits_passively()
-
-
-# what the start-up line adds when a team of threads sleeps while it waits, and how to undo it
-PASSIVE_TEAM = ("threads that sleep while they wait: OMP_WAIT_POLICY=passive, slower with cores "
-                "free; OMP_WAIT_POLICY=active makes them spin")
-
-
-def choose_threads(setting: int | str, since: CpuSample | None = None,
-                   team_when_full: bool = False) -> ThreadChoice:
-    """The thread count for `setting`: a number is taken as is; `auto` takes this process's
-    share of its usable cores, less those that other programs keep busy, and at least 1.
-
-    team_when_full (training, whose operations are large enough to share out): when other work
-    keeps every core busy and the threads wait passively, the whole share, since the scheduler
-    then gives each thread its slice of the busy cores."""
+def choose_threads(setting: int | str, since: CpuSample | None = None) -> ThreadChoice:
+    """The thread count for `setting`: a number as it is; `auto` this process's share of its
+    usable cores, less those that other programs keep busy, and at least 1."""
     if setting != "auto":
-        threads = int(setting)
-        # the policy may have been chosen at start-up (wait_passively_if_cores_full), unasked
-        return ThreadChoice(threads, f"set, {PASSIVE_TEAM}"
-                            if threads > 1 and waits_passively() else "set")
+        return ThreadChoice(int(setting), "set")
     cpus = usable_cpus()
-    processes = local_world_size()
+    processes = max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1")))  # torchrun's, on this machine
     share = max(1, len(cpus) // processes)
     why = [f"{len(cpus)} usable core{'s' if len(cpus) != 1 else ''}"]
     if processes > 1:
         why.append(f"{share} each for {processes} processes")
     load = busy_cpus(cpus, since)
     if load is None:
-        why.append("load unknown")
-        return ThreadChoice(share, "auto: " + ", ".join(why))
+        return ThreadChoice(share, "auto: " + ", ".join([*why, "load unknown"]))
     busy, how = load
-    free = free_cores(len(cpus), busy)
-    threads = max(1, min(share, free))
     why.append(f"{busy:.1f} busy with other work ({how})" if busy >= 0.05 else "idle")
-    if team_when_full and share > 1 and free == 0 and waits_passively():
-        threads = share
-        why.append("every core busy: a share of them, with threads that sleep while they wait")
-    elif threads > 1 and waits_passively():
-        # OpenMP took the policy when torch loaded, from the environment or from a shorter look
-        # at the cores (wait_passively_if_cores_full); with cores free it only slows the team
-        why.append(PASSIVE_TEAM)
+    threads = max(1, min(share, free_cores(len(cpus), busy)))
     return ThreadChoice(threads, "auto: " + ", ".join(why))
 
 
-def apply_threads(setting: int | str, since: CpuSample | None = None,
-                  team_when_full: bool = False) -> ThreadChoice:
+def apply_threads(setting: int | str, since: CpuSample | None = None) -> ThreadChoice:
     """Choose the intra-op thread count for `setting` (choose_threads) and give it to torch."""
-    # the commands import this module before torch, to watch the cores while torch loads
-    import torch
-
-    choice = choose_threads(setting, since, team_when_full)
+    choice = choose_threads(setting, since)
     torch.set_num_threads(choice.threads)
     return choice
 
 
-def start_sample() -> CpuSample | None:
-    """A sample to hand to choose_threads later, so that start-up work doubles as the wait:
-    the one taken when this module was first imported (a command's start, before torch is
-    imported) if that was recent, else a new one."""
-    if _IMPORTED is not None and time.monotonic() - _IMPORTED.wall < RECENT_SECONDS:
-        return _IMPORTED
-    return sample_cpus(usable_cpus())
+def resumed_threads(setting: int | str, chosen: ThreadChoice, saved: int | None,
+                    warn: Callable[[str], None]) -> ThreadChoice:
+    """The thread count of a resumed run, so that its steps compute as the first run's did.
 
-
-# the commands import this module before torch: from here to choose_threads is >1 s to watch
-RECENT_SECONDS = 30.0
-_IMPORTED = sample_cpus(usable_cpus())
+    threads=auto: the count saved in the trainer state, not a new choice; a number is used as it
+    is (`warn` says so if it differs). Nothing saved (an older trainer state): `chosen`.
+    """
+    if saved is None:
+        return chosen
+    if setting == "auto":
+        torch.set_num_threads(saved)
+        return ThreadChoice(saved, "resumed run's count")
+    if saved != chosen.threads:
+        warn(f"resuming with train.threads={chosen.threads}, the checkpoint was trained with "
+             f"{saved}: the losses and weights may then differ in the last digits from those "
+             "of an uninterrupted run")
+    return chosen

@@ -1,25 +1,13 @@
 """Training: the loop that steps, evaluates, logs to TensorBoard and checkpoints a run.
 
-From the command line (Hydra composes conf/; see tinylm/cli/train.py):
-
-    tinylm-train                                      # TinyStories sample, BPE, a few minutes
-    tinylm-train experiment=shakespeare_char          # nanoGPT's CPU Shakespeare settings
-    tinylm-train model.n_layer=2 train.max_steps=200 hydra.run.dir=runs/small
-    tinylm-train train.resume=true hydra.run.dir=runs/small    # continue where it stopped
-    torchrun --standalone --nproc_per_node=2 scripts/train.py  # DistributedDataParallel
-
-From Python, without Hydra:
-
-    from tinylm.train.trainer import train
     from tinylm.train.run_config import RunConfig, TrainConfig
+    from tinylm.train.trainer import train
     metrics = train(RunConfig(run_dir="runs/mine", train=TrainConfig(max_steps=100)))
 
-A run directory holds checkpoints/ (see tinylm/checkpoint.py) and tensorboard/ (scalars, samples,
-attention maps, hyperparameters). On CPU a run stopped and resumed reaches bit for bit the
-weights and losses of the same run uninterrupted: everything random is saved with the checkpoint
-(tinylm/train/resume.py). Beside it: the configs (tinylm/train/run_config.py), the optimizer and its
-schedule (tinylm/train/optim.py), torchrun, precision and signals (tinylm/train/runtime.py), TensorBoard
-(tinylm/train/logs.py).
+The command is tinylm-train (tinylm/cli/train.py); under torchrun every process runs the same
+loop. A run directory holds checkpoints/ (tinylm/checkpoint.py) and tensorboard/. On CPU a run
+stopped and resumed reaches bit for bit the weights and losses of the same run uninterrupted:
+everything random is saved with the checkpoint (tinylm/train/resume.py).
 """
 
 from __future__ import annotations
@@ -53,8 +41,16 @@ from tinylm.config import ConfigError, bad
 from tinylm.data import BatchSampler, check_enough_tokens, prepare_data
 from tinylm.device import resolve_device
 from tinylm.model import TinyLM
-from tinylm.train.optim import configure_optimizer, lr_at
-from tinylm.train.resume import RankState, checkpoint_to_resume, restore, resumed_threads, trainer_state
+from tinylm.train.logs import TrainingLogs
+from tinylm.train.optim import configure_optimizer, set_lr
+from tinylm.train.resume import (
+    checkpoint_to_resume,
+    rank_state,
+    restore,
+    restore_rank,
+    trainer_state,
+)
+from tinylm.train.run_config import RunConfig, TrainConfig
 from tinylm.train.runtime import (
     StopSignals,
     TrainingInterrupted,
@@ -63,11 +59,9 @@ from tinylm.train.runtime import (
     gather,
     init_distributed,
     matmul_peak_flops,
-    resolve_precision,
+    mixed_precision,
 )
-from tinylm.train.threads import apply_threads, start_sample
-from tinylm.train.run_config import RunConfig, TrainConfig
-from tinylm.train.logs import TrainingLogs, start_figures
+from tinylm.train.threads import apply_threads, resumed_threads, start_sample
 
 log = logging.getLogger(__name__)
 
@@ -78,33 +72,28 @@ class TrainingDiverged(RuntimeError):
     """The loss or the gradients became NaN or infinite; the last good checkpoint is kept."""
 
 
-# ----------------------------------------------------------------------------- evaluation
+def train(cfg: RunConfig) -> dict:
+    """Train a model as `cfg` says; returns the final metrics and where things were written.
 
-
-@torch.no_grad()
-def validation_loss(model: nn.Module, val_ids: np.ndarray, cfg: TrainConfig, block_size: int,
-                    device: torch.device, autocast=None, rank: int = 0,
-                    world_size: int = 1) -> float:
-    """Mean loss over cfg.eval_batches batches of windows spread evenly over the val split.
-
-    Evenly spread instead of random: the same windows at every evaluation and in every run,
-    whatever the seed, and a closer estimate of the whole split's loss for the same cost.
+    Raises ConfigError for bad input (before any work), RunDirInUse when another process writes
+    cfg.run_dir, TrainingInterrupted after Ctrl-C or SIGTERM (a checkpoint saved first),
+    TrainingDiverged when the loss or the weights stop being finite, CheckpointNotWritten when
+    a checkpoint cannot be written (a full disk). torch's thread count (train.threads) is set
+    back to what it was when it returns.
     """
-    n = cfg.eval_batches * cfg.batch_size * world_size
-    starts = np.linspace(0, len(val_ids) - block_size - 1, n).round().astype(np.int64)
-    autocast = autocast or contextlib.nullcontext()
-    model.eval()
-    total = 0.0
-    for batch in np.array_split(starts[rank::world_size], cfg.eval_batches):  # (B,) each
-        windows = torch.from_numpy(val_ids[batch[:, None] + np.arange(block_size + 1)]
-                                   .astype(np.int64)).to(device)  # (B, T + 1)
-        with autocast:
-            total += model(windows[:, :-1], windows[:, 1:], need_logits=False).loss.item()
-    model.train()
-    return all_reduce([total / cfg.eval_batches], world_size)[0] / world_size
-
-
-# ------------------------------------------------------------------------------- the run
+    rank, _, _ = init_distributed()
+    threads = torch.get_num_threads()
+    try:
+        # rank 0 writes the run directory; the lock keeps a second run from writing it too
+        with run_dir_lock(cfg.run_dir) if rank == 0 else contextlib.nullcontext():
+            return Trainer(cfg).run()
+    except Exception as err:  # torch.compile builds its kernels in the first step
+        missing = compiler_missing(err) if cfg.train.compile else None
+        if missing is None:
+            raise
+        raise missing from None
+    finally:
+        torch.set_num_threads(threads)
 
 
 class Trainer:
@@ -124,10 +113,11 @@ class Trainer:
         device = resolve_device(t.device)
         if device.type == "cuda" and self.world_size > 1:
             device = torch.device("cuda", local_rank)
-        self.device, self.dtype = device, resolve_precision(t.precision, device)
+        self.device = device
+        self.dtype, self.autocast, self.scaler = mixed_precision(t.precision, device)
         resume_from = checkpoint_to_resume(self.run_dir, t.resume)
 
-        # Data: rank 0 prepares it (or finds the cache), then the others read the same cache.
+        # data: rank 0 prepares it (or finds the cache), then the others read the same cache
         for turn in (True, False):
             if self.is_main == turn:
                 prepared = prepare_data(cfg.data, cfg.tokenizer, log=self.info)
@@ -139,7 +129,7 @@ class Trainer:
             model_cfg = dataclasses.replace(model_cfg, vocab_size=self.tokenizer.vocab_size)
         elif model_cfg.vocab_size < self.tokenizer.vocab_size:
             raise bad("model.vocab_size", model_cfg.vocab_size, f"the tokenizer has "
-                       f"{self.tokenizer.vocab_size} ids; use null or a larger value")
+                      f"{self.tokenizer.vocab_size} ids; use null or a larger value")
         try:
             check_enough_tokens(prepared, model_cfg.block_size)
         except ValueError as err:
@@ -152,36 +142,30 @@ class Trainer:
         self.tokens_per_step = (t.batch_size * model_cfg.block_size * t.grad_accum_steps
                                 * self.world_size)
 
-        self.threads = apply_threads(t.threads, cpu_sample, team_when_full=True)
+        # the model and its optimizer, and on resume their saved states
+        self.threads = apply_threads(t.threads, cpu_sample)
         torch.manual_seed(t.seed)
         self.model = TinyLM(model_cfg).to(device)  # the plain module: saved, sampled, probed
-        # rank 0's figure helper starts before the optimizer's build (see start_figures)
-        extras, name_items = start_figures(t, self.tokenizer, model_cfg.block_size,
-                                           model_cfg.n_head) if self.is_main else (None, [])
+        # rank 0's figure helper starts first, to lay its figures out while the optimizer builds
+        self.logs = TrainingLogs(t, self.tokenizer, model_cfg.block_size,
+                                 model_cfg.n_head) if self.is_main else None
         try:
             self.optimizer = configure_optimizer(self.model, cfg.optim)
-            self.scaler = torch.amp.GradScaler(device.type, enabled=self.dtype == torch.float16)
-            self.autocast = torch.autocast(device.type, dtype=self.dtype,
-                                           enabled=self.dtype != torch.float32)
             self.step, self.best_val, self.tokens_seen = 0, math.inf, 0
             if resume_from is not None:
                 self._resume(resume_from, prepared.directory / TOKENIZER_FILE)
         except BaseException:  # e.g. a resume refused: no figure will be drawn
-            if extras is not None:
-                extras.close(writer=None, wait=False)
+            self.close_logs(wait=False)
             raise
 
-        # What the steps run: compiled and/or wrapped for DDP, sharing the plain module's weights.
+        # what the steps run: compiled and/or wrapped for DDP, sharing the plain module's weights
         self.forward = torch.compile(self.model) if t.compile else self.model
         if self.world_size > 1:
             self.forward = nn.parallel.DistributedDataParallel(
                 self.forward, device_ids=[device.index] if device.type == "cuda" else None)
 
-        self.logs: TrainingLogs | None = None  # rank 0's TensorBoard files
         if self.is_main:
-            self.logs = TrainingLogs(self.run_dir / TENSORBOARD_DIR, self.step,
-                                     self.run_config.to_dict(), self.tokenizer, extras,
-                                     name_items)
+            self.logs.open(self.run_dir / TENSORBOARD_DIR, self.step, self.run_config.to_dict())
             # MFU: the FLOPs the model does per token against what the matmuls could do
             self.peak_flops = matmul_peak_flops(device, self.dtype) * self.world_size
             self.info(f"Model: {self.model.num_params() / 1e6:.2f}M parameters "
@@ -192,176 +176,39 @@ class Trainer:
                       f"{f', {self.threads.describe()}' if device.type == 'cpu' else ''}; "
                       f"{self.tokens_per_step:,} tokens per step; run dir {self.run_dir}")
 
-    # ---------------------------------------------------------------- checkpoints and resume
-
-    def _resume(self, directory: Path, tokenizer_file: Path) -> None:
-        """Load weights and trainer state; on CPU the run then continues bit for bit."""
-        state = restore(directory, self.run_config.to_dict(), tokenizer_file, self.model,
-                        self.optimizer, self.scaler)
-        self.step, self.best_val = state["step"], state["best_val_loss"]
-        if self.step >= self.t.max_steps:  # no step would run, and so no checkpoint be written
-            raise ConfigError(f"cannot resume from {directory}: it is at step {self.step}, and "
-                              f"train.max_steps={self.t.max_steps} leaves nothing to train; "
-                              f"raise train.max_steps")
-        self.tokens_seen = state["tokens_seen"]
-        if state["world_size"] == self.world_size:
-            mine = RankState.of(state, self.rank)
-            self.threads = resumed_threads(self.t.threads, self.threads, mine.threads,
-                                           log.warning)
-            mine.restore(self.sampler, self.device)
-        else:  # another data order than an uninterrupted run, but not a replay of the first one
-            log.warning(f"resuming with {self.world_size} processes instead of "
-                        f"{state['world_size']}: batches continue from a fresh random stream")
-            t = self.t
-            self.sampler = BatchSampler(self.sampler.path, self.model_cfg.block_size,
-                                        t.batch_size, t.seed + self.step, self.rank,
-                                        self.world_size)
-        self.info(f"Resuming from {directory} at step {self.step}")
-
-    def save(self, tags: tuple[str, ...]) -> None:
-        """Checkpoint the current step (every rank takes part: each hands over its RNG/sampler)."""
-        ranks = gather(RankState.capture(self.sampler, self.device, self.threads.threads),
-                       self.world_size)
-        if not self.is_main:
-            return
-        state = trainer_state(self.step, self.best_val, self.tokens_seen, self.optimizer,
-                              self.scaler, ranks)
-        try:
-            save_checkpoint(self.run_dir, self.model, self.tokenizer,
-                            self.run_config.to_dict(), self.step, state, tags)
-        except NonFiniteWeights as err:
-            raise self._diverged(f"by step {self.step}: {err}") from None
-        except CheckpointNotWritten as err:
-            raise CheckpointNotWritten(f"{err}; {self._last_good()}; make room, then continue "
-                                       f"with train.resume=true hydra.run.dir={self.run_dir}"
-                                       ) from None
-
-    def _diverged(self, when: str) -> TrainingDiverged:
-        return TrainingDiverged(f"training diverged {when}; {self._last_good()}; try a lower "
-                                f"optim.lr (now {self.cfg.optim.lr}) or train.precision=fp32")
-
-    def _last_good(self) -> str:
-        kept = self.last_checkpoint()
-        return f"the last good checkpoint is {kept}" if kept else "no checkpoint was saved yet"
-
-    def last_checkpoint(self) -> Path | None:
-        return tagged_checkpoint(self.run_dir / CHECKPOINTS_DIR, "last") if self.is_main else None
-
-    # ------------------------------------------------------------------------------ steps
-
-    def train_step(self, stop: StopSignals) -> tuple[float, float, float, bool]:
-        """One optimizer step -> (mean loss, gradient norm, lr, whether any rank must stop)."""
-        t = self.t
-        lr = lr_at(self.step, self.cfg.optim, t.max_steps)
-        for group in self.optimizer.param_groups:  # Muon's matrices: muon_lr / lr times more
-            group["lr"] = lr * group.get("lr_scale", 1.0)
-        loss_sum = torch.zeros((), device=self.device)
-        for micro in range(t.grad_accum_steps):
-            x, y = self.sampler.next_batch(self.device)  # (B, T) each
-            # DDP all-reduces the gradients once, after the last micro-batch
-            last_micro = micro == t.grad_accum_steps - 1
-            sync = contextlib.nullcontext() if self.world_size == 1 or last_micro \
-                else self.forward.no_sync()
-            try:
-                with sync:
-                    with self.autocast:
-                        loss = self.forward(x, y, need_logits=False).loss / t.grad_accum_steps
-                    self.scaler.scale(loss).backward()
-            except Exception as err:  # torch.compile builds its kernels in the first step
-                missing = compiler_missing(err) if t.compile else None
-                if missing is None:
-                    raise
-                raise missing from None
-            loss_sum += loss.detach()
-        self.scaler.unscale_(self.optimizer)  # clip the true gradients, not the scaled ones
-        grad_norm = nn.utils.clip_grad_norm_(self.model.parameters(),
-                                             self.cfg.optim.grad_clip or math.inf).item()
-        # one small collective per step: the mean loss, and whether some rank must stop
-        loss, stopping = all_reduce([loss_sum.item(), float(stop.signum is not None)],
-                                    self.world_size)
-        loss /= self.world_size
-        fp16_overflow = self.scaler.is_enabled()  # the scaler skips such steps by itself
-        if not math.isfinite(loss) or not (math.isfinite(grad_norm) or fp16_overflow):
-            raise self._diverged(f"at step {self.step + 1}: " + (
-                f"loss {loss}" if not math.isfinite(loss) else f"gradient norm {grad_norm}"))
-        self.scaler.step(self.optimizer)
-        self.scaler.update()
-        self.optimizer.zero_grad(set_to_none=True)
-        self.step += 1
-        self.tokens_seen += self.tokens_per_step
-        return loss, grad_norm, lr, bool(stopping)
-
-    def evaluate_and_log(self) -> float:
-        """Validation loss (all ranks), and on rank 0 its scalars, a sample and attention maps."""
-        model = self.forward.module if self.world_size > 1 else self.forward  # no DDP sync
-        val_loss = validation_loss(model, self.val_ids, self.t, self.model_cfg.block_size,
-                                   self.device, self.autocast, self.rank, self.world_size)
-        if self.is_main:
-            perplexity = math.exp(min(val_loss, 50.0))
-            # said as soon as it is known, before the sample and the figures' forward passes
-            self.info(f"step {self.step}: val loss {val_loss:.4f}, perplexity {perplexity:.2f}"
-                      f"{' (best)' if val_loss < self.best_val else ''}")
-            self.logs.evaluation(self.model, self.t, self.step, val_loss, perplexity,
-                                 self.device)
-        return val_loss
-
-    def close_logs(self, wait: bool = True) -> None:
-        """Write the figures still being drawn, then close the TensorBoard files; with
-        wait=False, or on Ctrl-C while waiting, drop those figures and say so."""
-        if self.logs is None:
-            return
-        dropped = self.logs.close(wait)
-        if dropped:
-            log.warning(f"dropped the figures of {dropped} evaluation(s) still being drawn")
-        self.logs = None
-
     # ------------------------------------------------------------------------------ the loop
 
     def run(self) -> dict:
         """Train to max_steps, evaluating, logging and checkpointing; returns the final metrics."""
         t = self.t
-        start_step, start_time, last_saved = self.step, time.perf_counter(), self.step
+        start_step, start_time = self.step, time.perf_counter()
         train_loss, val_loss, losses = math.nan, None, []
-        # tokens/s counts training steps only: evaluations and checkpoints restart the clock
-        window_start, window_steps = time.perf_counter(), 0
+        step_seconds = 0.0  # tokens/s counts the training steps, not evaluations or checkpoints
         bar = tqdm(total=t.max_steps, initial=self.step, desc="train", unit="step",
                    disable=not self.is_main, dynamic_ncols=True)
         stop = StopSignals(abort_on_second=self.world_size == 1)
         try:
             with stop, logging_redirect_tqdm(), bar:
                 while self.step < t.max_steps:
+                    started = time.perf_counter()
                     train_loss, grad_norm, lr, stopping = self.train_step(stop)
+                    step_seconds += time.perf_counter() - started
                     losses.append(train_loss)
-                    window_steps += 1
                     bar.update(1)
                     step, done = self.step, self.step == t.max_steps
 
-                    log_due = step % t.log_interval == 0 or done
-                    if log_due and self.is_main:
-                        self.logs.write_finished()
-                        tokens_per_s = window_steps * self.tokens_per_step / (
-                            time.perf_counter() - window_start)
-                        mean_loss = sum(losses) / len(losses)
-                        bar.set_postfix(loss=f"{mean_loss:.4f}", tok_s=f"{tokens_per_s:,.0f}")
-                        mfu = self.model.flops_per_token() * tokens_per_s / self.peak_flops
-                        self.logs.train_scalars(step, mean_loss, grad_norm, lr, tokens_per_s, mfu)
-                    if log_due:
-                        losses.clear()
-
-                    tags: tuple[str, ...] = ()
-                    evaluating = step % t.eval_interval == 0 or done
-                    if evaluating:
-                        val_loss = self.evaluate_and_log()
-                        if val_loss < self.best_val:  # the same on every rank (all-reduced)
-                            self.best_val, tags = val_loss, ("last", "best")
-                    if (t.checkpoint_interval and step % t.checkpoint_interval == 0) or done or \
-                            stopping:
-                        tags = tags or ("last",)
-                    if tags and step != last_saved:
-                        self.save(tags)
-                        last_saved = step
-                    if log_due or evaluating or tags:
-                        window_start, window_steps = time.perf_counter(), 0
+                    if step % t.log_interval == 0 or done:
+                        self.log_training(losses, grad_norm, lr, step_seconds, bar)
+                        losses, step_seconds = [], 0.0
+                    improved = False
+                    if step % t.eval_interval == 0 or done:
+                        val_loss = self.evaluate()
+                        improved = val_loss < self.best_val  # the same on every rank
+                        if improved:
+                            self.best_val = val_loss
+                    if improved or done or stopping or (
+                            t.checkpoint_interval and step % t.checkpoint_interval == 0):
+                        self.save(("last", "best") if improved else ("last",))
                     if stopping and not done:
                         self.close_logs()
                         # another rank may have been the one signalled
@@ -386,21 +233,148 @@ class Trainer:
             metrics["best_checkpoint"] = str(resolve_checkpoint_dir(self.run_dir, "best"))
         return metrics
 
+    def train_step(self, stop: StopSignals) -> tuple[float, float, float, bool]:
+        """One optimizer step -> (mean loss, gradient norm, lr, whether any rank must stop)."""
+        t = self.t
+        lr = set_lr(self.optimizer, self.step, self.cfg.optim, t.max_steps)
+        loss_sum = torch.zeros((), device=self.device)
+        for micro in range(t.grad_accum_steps):
+            x, y = self.sampler.next_batch(self.device)  # (B, T) each
+            # DDP all-reduces the gradients once, after the last micro-batch
+            last_micro = micro == t.grad_accum_steps - 1
+            sync = contextlib.nullcontext() if self.world_size == 1 or last_micro \
+                else self.forward.no_sync()
+            with sync:
+                with self.autocast:
+                    loss = self.forward(x, y, need_logits=False).loss / t.grad_accum_steps
+                self.scaler.scale(loss).backward()
+            loss_sum += loss.detach()
+        self.scaler.unscale_(self.optimizer)  # clip the true gradients, not the scaled ones
+        grad_norm = nn.utils.clip_grad_norm_(self.model.parameters(),
+                                             self.cfg.optim.grad_clip or math.inf).item()
+        # one small collective per step: the mean loss, and whether some rank must stop
+        loss, stopping = all_reduce([loss_sum.item(), float(stop.signum is not None)],
+                                    self.world_size)
+        loss /= self.world_size
+        fp16_overflow = self.scaler.is_enabled()  # the scaler skips such steps by itself
+        if not math.isfinite(loss) or not (math.isfinite(grad_norm) or fp16_overflow):
+            raise self._diverged(f"at step {self.step + 1}: " + (
+                f"loss {loss}" if not math.isfinite(loss) else f"gradient norm {grad_norm}"))
+        self.scaler.step(self.optimizer)
+        self.scaler.update()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.step += 1
+        self.tokens_seen += self.tokens_per_step
+        return loss, grad_norm, lr, bool(stopping)
 
-def train(cfg: RunConfig) -> dict:
-    """Train a model as `cfg` says; returns the final metrics and where things were written.
+    # ------------------------------------------------------- logging, evaluation, checkpoints
 
-    Raises ConfigError for bad input (before any work), RunDirInUse when another process writes
-    cfg.run_dir, TrainingInterrupted after Ctrl-C or SIGTERM (a checkpoint saved first),
-    TrainingDiverged when the loss or the weights stop being finite, CheckpointNotWritten when
-    a checkpoint cannot be written (a full disk). torch's thread count (train.threads) is set
-    back to what it was when it returns.
+    def log_training(self, losses: list[float], grad_norm: float, lr: float, seconds: float,
+                     bar: tqdm) -> None:
+        """On rank 0: the mean loss of the steps since the last log, and their speed."""
+        if not self.is_main:
+            return
+        mean_loss = sum(losses) / len(losses)
+        tokens_per_s = len(losses) * self.tokens_per_step / seconds
+        bar.set_postfix(loss=f"{mean_loss:.4f}", tok_s=f"{tokens_per_s:,.0f}")
+        mfu = self.model.flops_per_token() * tokens_per_s / self.peak_flops
+        self.logs.train_scalars(self.step, mean_loss, grad_norm, lr, tokens_per_s, mfu)
+
+    def evaluate(self) -> float:
+        """Validation loss (all ranks), and on rank 0 its scalars, a sample and attention maps."""
+        model = self.forward.module if self.world_size > 1 else self.forward  # no DDP sync
+        val_loss = validation_loss(model, self.val_ids, self.t, self.model_cfg.block_size,
+                                   self.device, self.autocast, self.rank, self.world_size)
+        if self.is_main:
+            perplexity = math.exp(min(val_loss, 50.0))
+            # said as soon as it is known, before the sample and the figures' forward passes
+            self.info(f"step {self.step}: val loss {val_loss:.4f}, perplexity {perplexity:.2f}"
+                      f"{' (best)' if val_loss < self.best_val else ''}")
+            self.logs.evaluation(self.model, self.step, val_loss, perplexity, self.device)
+        return val_loss
+
+    def save(self, tags: tuple[str, ...]) -> None:
+        """Checkpoint the current step (every rank takes part: each hands over its RNG/sampler)."""
+        ranks = gather(rank_state(self.sampler, self.device, self.threads.threads),
+                       self.world_size)
+        if not self.is_main:
+            return
+        state = trainer_state(self.step, self.best_val, self.tokens_seen, self.optimizer,
+                              self.scaler, ranks)
+        try:
+            save_checkpoint(self.run_dir, self.model, self.tokenizer,
+                            self.run_config.to_dict(), self.step, state, tags)
+        except NonFiniteWeights as err:
+            raise self._diverged(f"by step {self.step}: {err}") from None
+        except CheckpointNotWritten as err:
+            raise CheckpointNotWritten(f"{err}; {self._last_good()}; make room, then continue "
+                                       f"with train.resume=true hydra.run.dir={self.run_dir}"
+                                       ) from None
+
+    def _resume(self, directory: Path, tokenizer_file: Path) -> None:
+        """Load weights and trainer state; on CPU the run then continues bit for bit."""
+        state = restore(directory, self.run_config.to_dict(), tokenizer_file, self.model,
+                        self.optimizer, self.scaler)
+        self.step, self.best_val = state["step"], state["best_val_loss"]
+        if self.step >= self.t.max_steps:  # no step would run, and so no checkpoint be written
+            raise ConfigError(f"cannot resume from {directory}: it is at step {self.step}, and "
+                              f"train.max_steps={self.t.max_steps} leaves nothing to train; "
+                              f"raise train.max_steps")
+        self.tokens_seen = state["tokens_seen"]
+        if state["world_size"] == self.world_size:
+            # None: a trainer state older than the saved thread count
+            saved = int(state["threads"][self.rank]) if state.get("threads") else None
+            self.threads = resumed_threads(self.t.threads, self.threads, saved, log.warning)
+            restore_rank(state, self.rank, self.sampler, self.device)
+        else:  # another data order than an uninterrupted run, but not a replay of the first one
+            log.warning(f"resuming with {self.world_size} processes instead of "
+                        f"{state['world_size']}: batches continue from a fresh random stream")
+            t = self.t
+            self.sampler = BatchSampler(self.sampler.path, self.model_cfg.block_size,
+                                        t.batch_size, t.seed + self.step, self.rank,
+                                        self.world_size)
+        self.info(f"Resuming from {directory} at step {self.step}")
+
+    def _diverged(self, when: str) -> TrainingDiverged:
+        return TrainingDiverged(f"training diverged {when}; {self._last_good()}; try a lower "
+                                f"optim.lr (now {self.cfg.optim.lr}) or train.precision=fp32")
+
+    def _last_good(self) -> str:
+        kept = self.last_checkpoint()
+        return f"the last good checkpoint is {kept}" if kept else "no checkpoint was saved yet"
+
+    def last_checkpoint(self) -> Path | None:
+        return tagged_checkpoint(self.run_dir / CHECKPOINTS_DIR, "last") if self.is_main else None
+
+    def close_logs(self, wait: bool = True) -> None:
+        """Write the figures still being drawn, then close the TensorBoard files; with
+        wait=False, or on Ctrl-C while waiting, drop those figures and say so."""
+        if self.logs is None:
+            return
+        dropped = self.logs.close(wait)
+        if dropped:
+            log.warning(f"dropped the figures of {dropped} evaluation(s) still being drawn")
+        self.logs = None
+
+
+@torch.no_grad()
+def validation_loss(model: nn.Module, val_ids: np.ndarray, cfg: TrainConfig, block_size: int,
+                    device: torch.device, autocast=None, rank: int = 0,
+                    world_size: int = 1) -> float:
+    """Mean loss over cfg.eval_batches batches of windows spread evenly over the val split.
+
+    Evenly spread instead of random: the same windows at every evaluation and in every run,
+    whatever the seed, and a closer estimate of the whole split's loss for the same cost.
     """
-    rank, _, _ = init_distributed()
-    threads = torch.get_num_threads()
-    # rank 0 writes the run directory; the lock keeps a second run from writing it too
-    try:
-        with run_dir_lock(cfg.run_dir) if rank == 0 else contextlib.nullcontext():
-            return Trainer(cfg).run()
-    finally:
-        torch.set_num_threads(threads)
+    n = cfg.eval_batches * cfg.batch_size * world_size
+    starts = np.linspace(0, len(val_ids) - block_size - 1, n).round().astype(np.int64)
+    autocast = autocast or contextlib.nullcontext()
+    model.eval()
+    total = 0.0
+    for batch in np.array_split(starts[rank::world_size], cfg.eval_batches):  # (B,) each
+        windows = torch.from_numpy(val_ids[batch[:, None] + np.arange(block_size + 1)]
+                                   .astype(np.int64)).to(device)  # (B, T + 1)
+        with autocast:
+            total += model(windows[:, :-1], windows[:, 1:], need_logits=False).loss.item()
+    model.train()
+    return all_reduce([total / cfg.eval_batches], world_size)[0] / world_size

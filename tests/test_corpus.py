@@ -7,9 +7,8 @@ import time
 
 import pytest
 
-import tinylm.sources
-from tinylm.data import DataConfig, prepare_data
-from tinylm.sources import (
+import tinylm.corpus
+from tinylm.corpus import (
     CHECKSUMS,
     HubError,
     check_hub_reachable,
@@ -17,6 +16,7 @@ from tinylm.sources import (
     hub_rows,
     read_rows,
 )
+from tinylm.data import DataConfig, prepare_data
 from tinylm.tokenizer import TokenizerConfig
 
 CORPORA = {"tinystories/train-head.txt": 197_290, "tinystories/validation-head.txt": 794_375,
@@ -43,7 +43,7 @@ def embedded_copy(tmp_path, monkeypatch):
     """A copy of the embedded corpora standing in for them, free to damage."""
     copy = tmp_path / "corpora"
     shutil.copytree(embedded_dir(), copy)
-    monkeypatch.setattr(tinylm.sources, "embedded_dir", lambda: copy)
+    monkeypatch.setattr(tinylm.corpus, "embedded_dir", lambda: copy)
     monkeypatch.delenv("TINYLM_DATA_ROOT", raising=False)
     return copy
 
@@ -95,6 +95,7 @@ TRICKY = ("First line.\r\nSecond line, same paragraph.\n\n\n\nAfter three blank 
           "\n\nCafé 😀 at the end\n\n\n") * 40 + "no newline at the end"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("sample_by", ["line", "paragraph", "document"])
 def test_rows_are_those_of_the_datasets_text_loader_whatever_the_chunk_size(
         tmp_path, monkeypatch, sample_by):
@@ -105,7 +106,7 @@ def test_rows_are_those_of_the_datasets_text_loader_whatever_the_chunk_size(
     expected = datasets.load_dataset("text", data_files=[str(path)], split="train",
                                      sample_by=sample_by, cache_dir=str(tmp_path / "cache"))
     for chunk in (7, 64, 1 << 20):  # chunk borders inside lines, paragraphs and characters
-        monkeypatch.setattr(tinylm.sources, "READ_CHUNK", chunk)
+        monkeypatch.setattr(tinylm.corpus, "READ_CHUNK", chunk)
         assert list(read_rows(path, sample_by)) == expected["text"], chunk
 
 
@@ -142,6 +143,7 @@ def test_an_unreachable_hub_is_reported_in_one_line_within_seconds(monkeypatch, 
     assert "data=tinyshakespeare" in message and "data=text" in message
 
 
+@pytest.mark.slow
 def test_hub_errors_while_streaming_become_one_line(monkeypatch):
     import datasets
 
