@@ -11,14 +11,17 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import compose
+from helpers import compose, to_dataclass
 
 from tinylm.attention import MultiHeadAttention
 from tinylm.checkpoint import save_checkpoint
 from tinylm.cli.explain import ExplainConfig, explain
-from tinylm.config import to_dataclass
-from tinylm.inspection.walkthrough import explain_model_head
-from tinylm.inspection.capture import example_attention, model_head_steps, multi_head_walk
+from tinylm.inspection.walkthrough import (
+    example_attention,
+    explain_model_head,
+    model_head_steps,
+    multi_head_walk,
+)
 from tinylm.model import ModelConfig
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -1,5 +1,5 @@
-"""Behaviour of tinylm.inspection.capture and tinylm.inspection.report: attention capture, word-level
-aggregation, pronouns, outputs."""
+"""Behaviour of tinylm.inspection.capture and tinylm.inspection.report: attention capture,
+word-level aggregation, pronouns, outputs."""
 
 import json
 from pathlib import Path
@@ -211,6 +211,7 @@ def test_inspection_writes_tensorboard_images_text_png_and_npz(model, bpe, tmp_p
     assert not list(tmp_path.rglob(".*.tmp-*"))  # every file renamed into place
 
 
+@pytest.mark.slow
 def test_an_inspection_that_fails_while_writing_keeps_the_last_good_files(model, bpe, tmp_path,
                                                                           monkeypatch):
     inspect_texts(model, bpe, ["Lily and Tom went to the park. She saw a big dog."], tmp_path)

@@ -13,6 +13,7 @@ from tinylm.inspection.figures import (
 )
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("n_head", "t", "max_labels", "highlight"), [
     (4, 6, 32, ()),
     (3, 12, 5, (7,)),  # 1 token in 3 labelled, a red pronoun, an empty fourth panel

@@ -1,5 +1,5 @@
-"""Behaviour of tinylm.inspection.probe: head scoring, baselines, agreement margins, ablation, the probe files,
-bad input and the tinylm-probe command."""
+"""Behaviour of tinylm.inspection.probe: head scoring, baselines, agreement margins, ablation,
+the probe files, bad input and the tinylm-probe command."""
 
 import dataclasses
 import json
@@ -9,24 +9,25 @@ from collections import Counter
 import numpy as np
 import pytest
 import torch
-from helpers import compose, run_cli, save_run
+from helpers import compose, run_cli, save_run, to_dataclass
 from omegaconf import OmegaConf
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from torch import nn
 
-from tinylm.cli.probe import ProbeConfig, format_report, run_probe
-from tinylm.config import project_root, to_dataclass
-from tinylm.inspection.deciding import evidence, prediction_match
+from tinylm.cli.probe import ProbeConfig, run_probe
+from tinylm.files import project_root
 from tinylm.inspection.capture import NAMES, find_words
-from tinylm.model import LMOutput, TinyLM
 from tinylm.inspection.probe import (
     ablate_heads,
     agreement_margins,
     attention_to_mentions,
     baselines,
     deciding_report,
+    evidence,
+    format_report,
     head_accuracy,
     mention_attention,
+    prediction_match,
     probe,
     word_log_probs,
 )
@@ -40,6 +41,7 @@ from tinylm.inspection.probe_items import (
     new_word_tokens,
     parse_item,
 )
+from tinylm.model import LMOutput, TinyLM
 from tinylm.tokenizer import CharTokenizer
 
 PROBES = project_root() / "data" / "probes"
@@ -520,6 +522,7 @@ def test_nothing_is_written_when_an_item_fails(run_dir, tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["long.jsonl"]
 
 
+@pytest.mark.slow
 def test_each_kind_alone_reports_what_it_can(run_dir, tmp_path, capsys):
     attention = tmp_path / "attention.jsonl"
     attention.write_text(json.dumps(item("Lily and Tom ran. He sat.", "He", ["Tom"], ["Lily"]))

@@ -34,7 +34,11 @@ from tinylm.inspection.capture import (
 from tinylm.inspection.report import inspect_texts
 from tinylm.inspection.tensorboard_plugin import PLUGIN_NAME
 from tinylm.inspection.tensorboard_plugin.plugin import HOW_TO_MAKE_DATA, AttentionPlugin
-from tinylm.inspection.tensorboard_plugin.summary import attention_summary, step_tag, write_attention
+from tinylm.inspection.tensorboard_plugin.summary import (
+    attention_summary,
+    step_tag,
+    write_attention,
+)
 from tinylm.tokenizer import CharTokenizer
 from tinylm.train.trainer import train
 
@@ -114,6 +118,7 @@ def test_a_text_longer_than_the_context_keeps_the_inspected_window_and_says_so(
                                       "context: these are its tokens 0..63")
 
 
+@pytest.mark.slow
 def test_inspect_true_writes_the_plugin_data_beside_the_images(tmp_path, tiny_model):
     tokenizer = CharTokenizer.train([STORY])
     model = tiny_model(tokenizer.vocab_size, n_layer=1, n_head=2)

@@ -1,28 +1,14 @@
-"""Where each head looks: capture attention over a text, aggregate it to words, follow pronouns;
-and one head's attention recomputed step by step, for tinylm-explain.
+"""Where each head looks: capture every layer's attention over a text, map tokens to words, and
+read each pronoun from the two positions where the model meets it.
 
-Run it through generation (`tinylm-generate checkpoint=<run> prompt="..." inspect=true`) or call
-it directly:
-
-    from tinylm.inspection.capture import capture_attention, read_pronouns
     capture = capture_attention(model, tokenizer, "Lily and Tom went to the park. She")
-    capture.weights.shape            # (n_layer, n_head, T, T), each row sums to 1
-    read_pronouns(capture)           # every head's most-attended earlier words, per pronoun
-    # TensorBoard, PNG, .npz and the pronoun tables: tinylm.inspection.report.inspect_texts
+    capture.weights.shape      # (n_layer, n_head, T, T), each row sums to 1
+    read_pronouns(capture)     # every head's most-attended earlier words, per pronoun
 
-Tokens are mapped to words through the tokenizer's character offsets. Word-level attention *to*
-a word sums the weights of its sub-word tokens (the share of attention the word gets); attention
-*from* a word averages its tokens' rows (so each row still sums to at most 1).
-
-Each pronoun is read from two query positions. "Resolving": from the pronoun itself, where the
-model looks once it has read it (what BERT studies measure). "Deciding": from the token just before
-it, where a causal model looks when it chooses the pronoun; its logits predict the pronoun, so
-this is where a name's gender has to arrive.
-
-tinylm-explain's numbers come from the end of this module: `model_head_steps` recomputes one head
-of a trained model with tinylm.attention.attention_steps, `multi_head_walk` runs
-MultiHeadAttention's stages one at a time, and `example_attention` builds the small seeded module
-its multi-head mode walks through.
+Attention *to* a word sums the weights of its sub-word tokens; attention *from* a word averages
+its tokens' rows. A pronoun is read "deciding", from the token before it (whose logits predict
+the pronoun, so that is where a name's gender has to arrive), and "resolving", from the pronoun
+itself (where the model looks once it has read it).
 """
 
 from __future__ import annotations
@@ -30,12 +16,9 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import NamedTuple
 
 import numpy as np
 import torch
-
-from tinylm.attention import AttentionSteps, MultiHeadAttention, attention_steps
 
 PRONOUNS = frozenset(
     word for w in ("he", "she", "it", "they", "him", "her", "his", "its", "them", "their")
@@ -109,11 +92,8 @@ def token_word_index(offsets: Sequence[tuple[int, int]],
 
 def key_words(weights: np.ndarray | torch.Tensor, token_words: Sequence[int],
               n_words: int) -> np.ndarray:
-    """Token attention (..., Q, T) -> attention to words (..., Q, n_words).
-
-    Column j sums the weights on word j's tokens (the share of attention the word gets). Tokens
-    outside every word (token_words == -1) are left out.
-    """
+    """Token attention (..., Q, T) -> attention to words (..., Q, n_words): column j sums the
+    weights on word j's tokens; tokens outside every word (-1) are left out."""
     weights = np.asarray(weights, dtype=np.float64)
     t = weights.shape[-1]
     if len(token_words) != t:
@@ -127,31 +107,22 @@ def key_words(weights: np.ndarray | torch.Tensor, token_words: Sequence[int],
 
 def word_level(weights: np.ndarray | torch.Tensor, token_words: Sequence[int],
                n_words: int) -> np.ndarray:
-    """Token attention (..., T, T) -> word attention (..., n_words, n_words).
-
-    Column j sums the weights on word j's tokens; row i averages the rows of word i's tokens.
-    Tokens outside every word (token_words == -1) are left out.
-    """
+    """Token attention (..., T, T) -> word attention (..., n_words, n_words): column j sums the
+    weights on word j's tokens, row i averages the rows of word i's tokens."""
     to_word = key_words(np.eye(len(token_words)), token_words, n_words)  # (T, W): one-hot
     mean_rows = (to_word / np.maximum(to_word.sum(axis=0), 1.0)).T  # (W, T): average a word's rows
     return mean_rows @ key_words(weights, token_words, n_words)  # (..., W, W)
 
 
 def deciding_token(token_words: Sequence[int], word: int) -> int | None:
-    """The token that predicts `word`'s first token: the one just before it (None: there is none).
-
-    In a causal LM a word is chosen there, one position before the model has read it.
-    """
+    """The token just before `word`'s first one, whose logits predict it (None: there is none)."""
     first = list(token_words).index(word)
     return first - 1 if first > 0 else None
 
 
 def is_name(text: str, word_spans: Sequence[tuple[int, int]], i: int) -> bool:
-    """Heuristic: word i is a name if listed in NAMES, or capitalised but not sentence-initial.
-
-    Sentence-initial means first in the text, or after . ! ? : a newline or a quote mark.
-    Pronouns and "I" are never names.
-    """
+    """Heuristic: word i is a name if listed in NAMES, or capitalised but not sentence-initial
+    (first in the text, or after . ! ? : a newline or a quote mark). Pronouns and "I" never are."""
     start, end = word_spans[i]
     word = text[start:end]
     if word in NAMES:
@@ -179,11 +150,10 @@ def token_window(tokenizer, text: str, block_size: int, keep: str = "first"
 
 @torch.inference_mode()
 def capture_attention(model, tokenizer, text: str, keep: str = "first") -> AttentionCapture:
-    """One forward pass over `text` with return_attention=True, every layer's weights kept.
+    """One forward pass over `text` with every layer's attention weights kept.
 
-    A text longer than block_size is cut to its first (keep="first") or last ("last")
-    block_size tokens. After generation "first" is right: the window then starts at the prompt,
-    and it is exactly the attention the model used while writing those tokens.
+    A text longer than block_size is cut to its first (keep="first") or last ("last") block_size
+    tokens. After generation "first" is right: it is the attention the model wrote those with.
     """
     ids, offsets, start, n = token_window(tokenizer, text, model.config.block_size, keep)
     device = next(model.parameters()).device
@@ -195,6 +165,15 @@ def capture_attention(model, tokenizer, text: str, keep: str = "first") -> Atten
                             start, n)
 
 
+# ------------------------------------------------------------------------------ pronouns
+
+# The two query positions a pronoun is read from, in the order they are shown.
+QUERY_POSITIONS = {
+    "deciding": "where the model chooses the pronoun",
+    "resolving": "where the model looks once it has read the pronoun",
+}
+
+
 @dataclass
 class HeadReading:
     """Where every head's attention goes from one query position, over the earlier words."""
@@ -202,13 +181,6 @@ class HeadReading:
     query: int  # the query token (resolving: the pronoun's last; its tokens' rows are averaged)
     top: list[list[list[tuple[int, float]]]]  # [layer][head]: [(earlier word, weight)], best first
     name_heads: list[tuple[int, int, int, float]]  # (layer, head, word, weight) whose top is a name
-
-
-# The two query positions a pronoun is read from, in the order they are shown.
-QUERY_POSITIONS = {
-    "deciding": "where the model chooses the pronoun",
-    "resolving": "where the model looks once it has read the pronoun",
-}
 
 
 @dataclass
@@ -265,69 +237,3 @@ def read_pronouns(capture: AttentionCapture, k: int = 3) -> list[PronounReading]
                 skipped[position] = "no earlier word in view"
         readings.append(PronounReading(p, word, capture.word_spans[p][0], positions, skipped))
     return readings
-
-
-# ------------------------------------------------------------------ one head, step by step
-
-
-class MultiHeadWalk(NamedTuple):
-    """Each stage of MultiHeadAttention's forward pass on one sequence x (T, C)."""
-
-    q: torch.Tensor  # (T, C): X·W_qᵀ, all heads side by side
-    k: torch.Tensor
-    v: torch.Tensor
-    steps: AttentionSteps  # per-head steps, (nh, T, T) / output (nh, T, hs)
-    concat: torch.Tensor  # (T, C): the heads' outputs side by side
-    output: torch.Tensor  # (T, C): out_proj(concat)
-
-
-@torch.no_grad()
-def multi_head_walk(attn: MultiHeadAttention, x: torch.Tensor) -> MultiHeadWalk:
-    """Run MultiHeadAttention's stages one by one on x (T, C); causal, as the module always is."""
-    T, C = x.shape
-    q, k, v = attn.project_heads(x[None])  # (1, nh, T, hs) each
-    steps = attention_steps(q[0], k[0], v[0], is_causal=True)  # every head at once
-    concat = steps.output.transpose(0, 1).reshape(T, C)  # (nh, T, hs) -> (T, nh*hs)
-    output = attn.out_proj(concat)
-
-    def joined(t: torch.Tensor) -> torch.Tensor:
-        return t[0].transpose(0, 1).reshape(T, C)
-
-    return MultiHeadWalk(joined(q), joined(k), joined(v), steps, concat, output)
-
-
-def example_attention(d_model: int, n_head: int, seed: int, n_tokens: int = 3
-                      ) -> tuple[MultiHeadAttention, torch.Tensor]:
-    """A small MultiHeadAttention and input x (n_tokens, d_model), seeded, rounded for reading.
-
-    Weights are rounded to 2 decimals and x to 1, so the printed numbers are the ones used.
-    """
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        attn = MultiHeadAttention(d_model, n_head, dropout=0.0, bias=False).eval()
-        x = torch.randn(n_tokens, d_model).round(decimals=1)
-    with torch.no_grad():
-        for param in attn.parameters():
-            param.copy_(param.round(decimals=2))
-    return attn, x
-
-
-@torch.no_grad()
-def model_head_steps(model, idx: torch.Tensor, layer: int, head: int
-                     ) -> tuple[AttentionSteps, torch.Tensor, torch.Tensor]:
-    """One head's attention steps inside a TinyLM on token ids idx (T,).
-
-    Captures the input of blocks[layer].attn (the normed residual stream) during a normal forward
-    pass, recomputes that head with attention_steps, and returns (steps, the head's v (T, hs),
-    the weights the model itself returned for that head (T, T)) so callers can check they agree.
-    """
-    attn = model.blocks[layer].attn
-    captured = []
-    hook = attn.register_forward_pre_hook(lambda module, args: captured.append(args[0]))
-    try:
-        out = model(idx[None], return_attention=True)
-    finally:
-        hook.remove()
-    q, k, v = attn.project_heads(captured[0])  # (1, nh, T, hs)
-    steps = attention_steps(q[0, head], k[0, head], v[0, head], is_causal=True)
-    return steps, v[0, head], out.attentions[layer][0, head]

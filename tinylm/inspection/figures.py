@@ -1,17 +1,12 @@
-"""Matplotlib figures of attention, for TensorBoard and PNG files.
+"""Matplotlib figures of attention, for TensorBoard and PNG files; built on the Agg canvas with
+matplotlib's object API (no pyplot, no display, no global state).
 
-Figures are built with matplotlib's object API on the Agg canvas (no pyplot, no display, no global
-state), so they work in training loops, tests and headless servers alike:
-
-    from tinylm.inspection.figures import attention_grid_figure, figure_to_image, log_figure
     fig = attention_grid_figure(weights, tokens, "layer 0")   # weights (n_head, T, T)
-    writer.add_image("attention/layer_00/all_heads", figure_to_image(fig), step, dataformats="HWC")
     log_figure(writer, "attention/layer_00/all_heads", fig, step, png_dir="out")  # + a PNG file
 
-Conventions in every attention heatmap: rows are queries (the token that is looking), columns are
-keys (the tokens it looks at), the causal upper triangle is left blank (those weights do not
-exist), and the colour scale is the square root of the weight over [0, 1], so that the small
-weights spread over many tokens stay visible next to one large one.
+In every attention heatmap rows are queries (the token looking), columns keys (the tokens looked
+at), the causal upper triangle is blank, and the colour scale is the square root of the weight,
+so that small weights spread over many tokens stay visible next to one large one.
 """
 
 from __future__ import annotations
@@ -56,9 +51,7 @@ def _causal_masked(weights: np.ndarray) -> np.ma.MaskedArray:
 def _heatmap(ax, weights: np.ndarray, tokens: Sequence[str], max_labels: int, fontsize: float,
              highlight: Sequence[int] = ()):
     """Draw one (T, T) attention map with token labels on both axes; returns the image.
-
-    Tokens in `highlight` (positions) are always labelled, in red.
-    """
+    Tokens in `highlight` (positions) are always labelled, in red."""
     t = weights.shape[-1]
     image = ax.imshow(_causal_masked(weights), cmap=ATTENTION_CMAP,
                       norm=PowerNorm(0.5, vmin=0.0, vmax=1.0), interpolation="nearest",
@@ -85,18 +78,18 @@ def attention_grid_figure(weights: np.ndarray, tokens: Sequence[str], title: str
                           max_labels: int = 32, highlight: Sequence[int] = ()) -> Figure:
     """All heads of one layer, weights (n_head, T, T), as a grid of small labelled heatmaps.
 
-    More than `max_labels` tokens: 1 token in k is labelled (the title says k);
-    `highlight` positions (e.g. pronouns) are always labelled, in red.
+    More than `max_labels` tokens: 1 token in k is labelled (the title says k); `highlight`
+    positions (e.g. pronouns) are always labelled, in red.
     """
     return _attention_grid(weights, tokens, title, max_labels, highlight)[0]
 
 
-def _grid_weights(weights: np.ndarray, tokens: Sequence[str]) -> np.ndarray:
-    """weights as float32 (n_head, T, T) for T tokens, or a ValueError naming the shape."""
+def _checked(weights: np.ndarray, tokens: Sequence[str], ndim: int) -> np.ndarray:
+    """weights as float32 (n_head, T, T) (ndim 3) or (T, T) for T tokens; else a ValueError."""
     weights = np.asarray(weights, dtype=np.float32)
-    if weights.ndim != 3 or weights.shape[-1] != len(tokens):
-        raise ValueError(f"weights must be (n_head, T, T) with T={len(tokens)} tokens, "
-                         f"got shape {weights.shape}")
+    if weights.ndim != ndim or weights.shape[-1] != len(tokens):
+        raise ValueError(f"weights must be {'(n_head, T, T)' if ndim == 3 else '(T, T)'} with "
+                         f"T={len(tokens)} tokens, got shape {weights.shape}")
     return weights
 
 
@@ -107,14 +100,13 @@ def _labels_note(n_tokens: int, max_labels: int) -> str:
 
 
 def _grid_title(title: str, n_tokens: int, max_labels: int) -> str:
-    note = _labels_note(n_tokens, max_labels)
-    return f"{title}  ({note}; rows: query, columns: key)".strip()
+    return f"{title}  ({_labels_note(n_tokens, max_labels)}; rows: query, columns: key)".strip()
 
 
 def _attention_grid(weights: np.ndarray, tokens: Sequence[str], title: str, max_labels: int,
                     highlight: Sequence[int]) -> tuple[Figure, list, Text]:
     """attention_grid_figure's figure, with the axes of the heads and the figure's title."""
-    weights = _grid_weights(weights, tokens)
+    weights = _checked(weights, tokens, 3)
     n_head, t = weights.shape[0], weights.shape[-1]
     ncols = math.ceil(math.sqrt(n_head))
     nrows = math.ceil(n_head / ncols)
@@ -137,18 +129,16 @@ def _attention_grid(weights: np.ndarray, tokens: Sequence[str], title: str, max_
 
 
 class AttentionGridImages:
-    """attention_grid_figure as RGB images for many weights over one token list (every layer, at
+    """attention_grid_figure as RGB images for many weights over one token list (every layer at
     every evaluation of a run), drawing only what changes.
 
         grids = AttentionGridImages(tokens)
         image = grids(weights, "layer 0, step 250")   # weights (n_head, T, T) -> (H, W, 3)
 
-    Tick labels, head titles and the colour bar take most of a draw, and they are the same for
-    every such figure. The first call lays the figure out and draws it without the heatmaps,
-    their frames and the title; each call pastes that background and draws just those on it, in
-    the order a whole draw takes (heatmap, then frame): the pixels of a fresh
-    figure_to_image(attention_grid_figure(...)) (tests/test_plots.py), in ~0.1 s a layer instead
-    of ~1.4 s (4 heads of 40 tokens on an AMD Zen 3, PNG encoding included; docs/benchmarks.md).
+    Tick labels, head titles and the colour bar take most of a draw and never change: the first
+    call draws the figure without the heatmaps, their frames and the title as a background; each
+    call pastes it and draws just those, in a whole draw's order, giving the pixels of a fresh
+    figure_to_image(attention_grid_figure(...)) in a fraction of the time.
     """
 
     def __init__(self, tokens: Sequence[str], max_labels: int = 32,
@@ -157,7 +147,7 @@ class AttentionGridImages:
         self._fig: Figure | None = None  # built at the first call, from its weights' shape
 
     def __call__(self, weights: np.ndarray, title: str = "") -> np.ndarray:
-        weights = _grid_weights(weights, self.tokens)
+        weights = _checked(weights, self.tokens, 3)
         if self._fig is None:
             self._lay_out(weights, title)
         if weights.shape[0] != len(self._heads):
@@ -193,10 +183,7 @@ class AttentionGridImages:
 def attention_head_figure(weights: np.ndarray, tokens: Sequence[str], title: str = "",
                           max_labels: int = 64, highlight: Sequence[int] = ()) -> Figure:
     """One head's weights (T, T) as a large heatmap labelled with the token strings."""
-    weights = np.asarray(weights, dtype=np.float32)
-    if weights.ndim != 2 or weights.shape[-1] != len(tokens):
-        raise ValueError(f"weights must be (T, T) with T={len(tokens)} tokens, "
-                         f"got shape {weights.shape}")
+    weights = _checked(weights, tokens, 2)
     t = weights.shape[-1]
     size = min(14.0, max(5.0, 0.16 * min(t, max_labels * 1.2)))
     fig = Figure(figsize=(size + 1.2, size), layout="constrained")
@@ -251,8 +238,7 @@ def pronoun_bar_figure(panels: dict[str, Sequence[Sequence[Sequence[tuple[str, f
 
 
 def layer_head_heatmap(values: np.ndarray, title: str = "", label: str = "",
-                       fmt: str = "{:.2f}", cmap: str = "viridis", center: float | None = None
-                       ) -> Figure:
+                       fmt: str = "{:.2f}", center: float | None = None) -> Figure:
     """A (n_layer, n_head) table of per-head numbers (accuracy, ablation effect) as a heatmap.
 
     `center`: use a diverging colour map symmetric around this value (e.g. 0 for changes).
@@ -264,7 +250,7 @@ def layer_head_heatmap(values: np.ndarray, title: str = "", label: str = "",
     fig = Figure(figsize=(1.0 * n_head + 2.2, 0.7 * n_layer + 1.4), layout="constrained")
     FigureCanvasAgg(fig)
     ax = fig.subplots()
-    kwargs = {"cmap": cmap}
+    kwargs = {"cmap": "viridis"}
     if center is not None:
         finite = np.abs(values[np.isfinite(values)] - center)
         span = float(finite.max()) if finite.size and finite.max() > 0 else 1.0
@@ -287,8 +273,8 @@ def layer_head_heatmap(values: np.ndarray, title: str = "", label: str = "",
 def steps_figure(panels: Sequence[tuple], title: str) -> Figure:
     """tinylm-explain's heatmaps of scores and weights, two per row; small ones carry their numbers.
 
-    Each panel is (title, matrix (T_q, T_k) tensor, row labels, column labels, weights): NaN and
-    -inf cells are blank, and `weights` fixes the colour scale to [0, 1] (tinylm.inspection.walkthrough.Panel).
+    Each panel is a walkthrough.Panel (title, matrix (T_q, T_k), row labels, column labels,
+    weights): NaN and -inf cells are blank, and `weights` fixes the colour scale to [0, 1].
     """
     n_rows = math.ceil(len(panels) / 2)
     t = max(matrix.shape[1] for _, matrix, *_ in panels)
@@ -326,22 +312,19 @@ def figure_to_image(fig: Figure) -> np.ndarray:
     return np.asarray(canvas.buffer_rgba())[..., :3].copy()
 
 
-def save_figure(fig: Figure, path: str | Path, dpi: int = 100) -> Path:
+def save_figure(fig: Figure, path: str | Path) -> Path:
     """Write a figure to `path` (creating the parent directory) and return the path: PNG, or
     the format its suffix names (.svg, .pdf)."""
     path = Path(path)
     with replaced_atomically(path) as tmp:
-        fig.savefig(tmp, dpi=dpi, format=path.suffix[1:] or "png")
+        fig.savefig(tmp, dpi=100, format=path.suffix[1:] or "png")
     return path
 
 
 def log_figure(writer, tag: str, fig: Figure, step: int = 0,
                png_dir: str | Path | None = None) -> np.ndarray:
-    """Render `fig` once; add it to a SummaryWriter as image `tag`, and as png_dir/<tag>.png.
-
-    Drawing dominates the cost of a figure, so the PNG file is written from the same pixels
-    TensorBoard gets instead of drawing the figure a second time with savefig.
-    """
+    """Render `fig` once; add it to a SummaryWriter as image `tag`, and as png_dir/<tag>.png
+    (the same pixels: drawing a figure twice would double the cost)."""
     image = figure_to_image(fig)
     writer.add_image(tag, image, step, dataformats="HWC")
     if png_dir is not None:

@@ -1,53 +1,27 @@
-"""Which heads follow a pronoun to its antecedent, whether the model knows a name's pronoun, and
-which heads that knowledge needs: the scoring behind tinylm-probe (tinylm/cli/probe.py), on items
-read by tinylm.inspection.probe_items.
+"""tinylm-probe's scores, on items read by probe_items.py: which heads follow a pronoun to its
+antecedent (attention items: does the head attend more to the antecedent than to the
+distractor?), whether the model knows a name's pronoun (agreement items: the margin
+log P(pronoun as written) - log P(wrong pronoun), as whole words), and which heads that needs
+(ablation: each head zeroed in turn through the model's head_mask).
+
+Both kinds are also read at the deciding position, the token before the pronoun where a causal
+model chooses it: each head's attention from there to the name, and whether that attention
+predicts the model's own choice between the two pronouns.
 
     report = probe(model, tokenizer, items, ablate=True)    # a JSON-ready dict
-
-- attention items (two characters of different gender before the pronoun): a head is right on
-  one when its attention from the pronoun to the antecedent's mentions exceeds its attention to
-  the distractor's. Word level, as in tinylm.inspection.capture: attention to a mention sums its sub-word
-  tokens; attention from the pronoun averages the pronoun's tokens (a BPE pronoun is one token, so
-  that is its row). Baselines: always pick the character mentioned nearest before the pronoun, or
-  the one mentioned first.
-- agreement items (one character before the pronoun):
-  margin = log P(pronoun as written) - log P(wrong pronoun), where the pronoun would be read. Both
-  are whole-word probabilities: the text before the pronoun plus the word, tokenized as it would
-  be in running text (the word keeps the space before it, " she"; the wrong pronoun takes the
-  written one's capitalisation, "She" -> "He"), scored by the chain rule over the tokens after the
-  shared context, times the probability that the next token starts a new word (so "he" is not
-  credited with "her"). Agreement accuracy is the share of positive margins.
-
-Both kinds are also read at the deciding position, the token just before the pronoun, where a
-causal model chooses it (tinylm.inspection.deciding): on agreement items each head's attention from there to
-the name (also split by whether the name is the text's first word: a head that always looks at
-the first token would score high there); on attention items whether the sign of (attention to
-antecedent - attention to distractor) matches the sign of the model's own preference log
-P(pronoun) - log P(wrong pronoun). The wrong pronoun is the item's wrong_pronoun, else derived
-(she/he, he/she, him/her, his/her); "her" has none, and such items are left out and counted.
-
-Attention weights alone are not explanations, so `ablate=True` zeroes each head in turn (its
-output times 0, through the model's head_mask) and measures how the agreement margins change;
-the evidence puts that beside each head's deciding attention to the name.
-
-The report: `n` (attention items), `heads` ([{layer, head, accuracy, mean_antecedent_attention,
-mean_distractor_attention}]), `best`, `baselines` ({"nearest mention", "first mention"}),
-`agreement` ({n, accuracy, mean_margin, items}) and `ablation` ([{layer, head, method: "zeroed",
-mean_margin, accuracy, delta_mean_margin, delta_accuracy}]), `deciding` ({"agreement_attention":
-[{layer, head, mean_attention, mean_attention_name_first_word, mean_attention_name_later}],
-"prediction_match": [{layer, head, match, correlation}], "n_agreement", "n_attention",
-"n_attention_left_out", "n_name_first_word"}), `evidence` ([{layer, head, mean_attention,
-delta_mean_margin, agrees}], with ablation) and `best_deciding` ({layer, head, mean_attention}).
+    print("\n".join(format_report(report, n_layer, n_head)))
 """
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import torch
 
-from tinylm.inspection import deciding
 from tinylm.inspection.capture import deciding_token, key_words, word_level
 from tinylm.inspection.probe_items import (
+    SHIPPED_PROBES,
     EncodedAgreementItem,
     EncodedAttentionItem,
     ProbeFileError,
@@ -59,14 +33,28 @@ from tinylm.inspection.probe_items import (
     new_word_tokens,
     shipped_probe,
 )
+from tinylm.tables import columns
 
 ABLATION = "zeroed"  # how a head is removed: its output is multiplied by 0
+# The other gender in the same case. "her" is object or possessive (him or his), so it has none.
+DERIVED_WRONG_PRONOUN = {"she": "he", "he": "she", "him": "her", "his": "her"}
+# A head looks at the name when it gives it at least this many times the median head's attention;
+# a margin loss smaller than MIN_MARGIN_LOSS nats is noise, not a head the model needs.
+OVER_MEDIAN, MIN_MARGIN_LOSS = 2.0, 0.1
+
+
+def probe_files(probe_file: list[str] | None) -> list[Path]:
+    """The probe files to read: the given ones, or (None) the shipped sets."""
+    if probe_file is not None:
+        return [Path(p) for p in probe_file]
+    return [shipped_probe(name) for name in SHIPPED_PROBES]
 
 
 # ------------------------------------------------------------------------------ attention scoring
 
 def baselines(items: list[ProbeItem]) -> dict[str, float]:
-    """Accuracy of always choosing the nearer-mentioned, or the first-mentioned, character."""
+    """Accuracy of always choosing the character mentioned nearest before the pronoun, or the one
+    mentioned first."""
     nearest = [max(i.antecedent_chars) > max(i.distractor_chars) for i in items]
     first = [min(i.antecedent_chars) < min(i.distractor_chars) for i in items]
     return {"nearest mention": float(np.mean(nearest)), "first mention": float(np.mean(first))}
@@ -75,12 +63,8 @@ def baselines(items: list[ProbeItem]) -> dict[str, float]:
 def attention_to_mentions(weights: np.ndarray, token_words: list[int], n_words: int,
                           pronoun_word: int, mention_words: list[int],
                           position: str = "resolving") -> np.ndarray:
-    """Per-head attention (L, nh) to a character's mentions, from the pronoun ("resolving") or
-    from the token just before it, where the pronoun is predicted ("deciding").
-
-    weights (L, nh, T, T) over tokens; word-level as tinylm.inspection.word_level: summed over each
-    mention's sub-word tokens (and over the mentions), averaged over the pronoun's tokens.
-    """
+    """Per-head attention (L, nh) to a character's mentions from the pronoun ("resolving") or
+    from the token before it ("deciding"); weights (L, nh, T, T) over tokens."""
     if position == "deciding":
         query = deciding_token(token_words, pronoun_word)
         if query is None:
@@ -165,7 +149,8 @@ def word_log_probs(model, sequences: list[list[int]], n_context: list[int],
 def agreement_margins(model, encoded: list[EncodedAgreementItem], new_word: torch.Tensor,
                       head_mask: torch.Tensor | None = None, batch_size: int = 64
                       ) -> torch.Tensor:
-    """log P(written pronoun) - log P(wrong pronoun) per item, (N,)."""
+    """log P(written pronoun) - log P(wrong pronoun) per item, (N,): whole-word probabilities,
+    so that "he" is not credited with "her"."""
     sequences = [s for e in encoded for s in (e.written, e.wrong)]
     n_context = [e.n_context for e in encoded for _ in range(2)]
     log_p = word_log_probs(model, sequences, n_context, new_word, head_mask, batch_size)
@@ -196,6 +181,92 @@ def ablate_heads(model, encoded: list[EncodedAgreementItem], new_word: torch.Ten
     return entries
 
 
+# ---------------------------------------------------------------------------- the deciding position
+
+def head_entries(values: dict[str, np.ndarray]) -> list[dict]:
+    """[{layer, head, <key>: value, ...}] from (L, nh) arrays; NaN becomes None (JSON null)."""
+    n_layer, n_head = next(iter(values.values())).shape
+    return [{"layer": layer, "head": head,
+             **{key: (float(v[layer, head]) if np.isfinite(v[layer, head]) else None)
+                for key, v in values.items()}}
+            for layer in range(n_layer) for head in range(n_head)]
+
+
+def agreement_attention(attention: np.ndarray, name_first: np.ndarray) -> list[dict]:
+    """Per head: mean deciding attention to the name (N, L, nh) over all items, over those where
+    the name is the first word (name_first, (N,) bool) and over the others."""
+    name_first = np.asarray(name_first, dtype=bool)
+
+    def mean(rows: np.ndarray) -> np.ndarray:
+        return rows.mean(axis=0) if len(rows) else np.full(attention.shape[1:], np.nan)
+
+    return head_entries({"mean_attention": mean(attention),
+                         "mean_attention_name_first_word": mean(attention[name_first]),
+                         "mean_attention_name_later": mean(attention[~name_first])})
+
+
+def prediction_match(attention_difference: np.ndarray, preference: np.ndarray
+                     ) -> tuple[np.ndarray, np.ndarray]:
+    """Does a head's attention predict what the model says? (match, correlation), each (L, nh).
+
+    attention_difference (N, L, nh): attention to the antecedent minus to the distractor;
+    preference (N,): log P(pronoun as written) - log P(wrong pronoun). match: the share of items
+    on which both are positive or both are not; correlation: Pearson's r over the items (NaN when
+    either side does not vary).
+    """
+    diff = np.asarray(attention_difference, dtype=np.float64)
+    pref = np.asarray(preference, dtype=np.float64)
+    match = ((diff > 0) == (pref > 0)[:, None, None]).mean(axis=0)
+    d = diff - diff.mean(axis=0)
+    p = (pref - pref.mean())[:, None, None]
+    scale = np.sqrt((d ** 2).sum(axis=0) * (p ** 2).sum(axis=0))
+    with np.errstate(invalid="ignore", divide="ignore"):
+        correlation = np.where(scale > 0, (d * p).sum(axis=0) / scale, np.nan)
+    return match, correlation
+
+
+def evidence(attention: list[dict], ablation: list[dict]) -> list[dict]:
+    """Per head: deciding attention to the name beside the margin change when it is zeroed.
+
+    A head `agrees` when both single it out: attention to the name at least OVER_MEDIAN times the
+    median head's, and zeroing it costs at least MIN_MARGIN_LOSS nats of mean margin.
+    """
+    delta = {(e["layer"], e["head"]): e["delta_mean_margin"] for e in ablation}
+    typical = float(np.median([a["mean_attention"] for a in attention]))
+    rows = []
+    for a in attention:
+        d = delta[a["layer"], a["head"]]
+        rows.append({"layer": a["layer"], "head": a["head"], "mean_attention": a["mean_attention"],
+                     "delta_mean_margin": d,
+                     "agrees": a["mean_attention"] >= OVER_MEDIAN * typical
+                     and d <= -MIN_MARGIN_LOSS})
+    return rows
+
+
+def deciding_report(model, enc_names: list[EncodedAttentionItem],
+                    enc_attention: list[EncodedAttentionItem], scored: list[int],
+                    enc_preference: list[EncodedAgreementItem], new_word: torch.Tensor,
+                    batch_size: int = 64) -> dict:
+    """The report's `deciding` part: attention from the token before the pronoun to the name on
+    the agreement items (enc_names); on the two-character items whether the attention's
+    preference matches the model's (scored: the indices of those with a wrong pronoun,
+    enc_preference: their written and wrong pronoun)."""
+    name_first = np.array([0 in e.antecedent_words for e in enc_names], dtype=bool)
+    result: dict = {"agreement_attention": [], "prediction_match": [],
+                    "n_agreement": len(enc_names), "n_attention": len(scored),
+                    "n_attention_left_out": len(enc_attention) - len(scored),
+                    "n_name_first_word": int(name_first.sum())}
+    if enc_names:
+        to_name, _ = mention_attention(model, enc_names, batch_size, "deciding")
+        result["agreement_attention"] = agreement_attention(to_name, name_first)
+    if scored:
+        ante, distr = mention_attention(model, enc_attention, batch_size, "deciding")
+        preference = agreement_margins(model, enc_preference, new_word, None, batch_size)
+        match, correlation = prediction_match((ante - distr)[scored], preference.numpy())
+        result["prediction_match"] = head_entries({"match": match, "correlation": correlation})
+    return result
+
+
 # --------------------------------------------------------------------------------- the whole run
 
 def probe(model, tokenizer, items: list[ProbeItem], ablate: bool = False, batch_size: int = 64
@@ -205,8 +276,9 @@ def probe(model, tokenizer, items: list[ProbeItem], ablate: bool = False, batch_
     c = model.config
     attention = [i for i in items if i.kind == "attention"]
     agreement = [i for i in items if i.kind == "agreement"]
-    # the model's own preference on a two-character item needs a wrong pronoun: "her" has none
-    wrong = [i.wrong_pronoun or deciding.derived_wrong_pronoun(i.pronoun) for i in attention]
+    # the model's own preference on a two-character item needs a wrong pronoun: the item's, else
+    # the other gender's; "her" has none (such items are left out and counted)
+    wrong = [i.wrong_pronoun or DERIVED_WRONG_PRONOUN.get(i.pronoun.lower()) for i in attention]
     scored = [k for k, w in enumerate(wrong) if w is not None]
     # tokenize everything first: a bad item stops the run before any model work or output
     enc_attention = [encode_attention_item(tokenizer, i, c.block_size) for i in attention]
@@ -248,33 +320,8 @@ def probe(model, tokenizer, items: list[ProbeItem], ablate: bool = False, batch_
         best = max(names, key=lambda h: h["mean_attention"])
         report["best_deciding"] = {k: best[k] for k in ("layer", "head", "mean_attention")}
     if names and report["ablation"]:
-        report["evidence"] = deciding.evidence(names, report["ablation"])
+        report["evidence"] = evidence(names, report["ablation"])
     return report
-
-
-def deciding_report(model, enc_names: list[EncodedAttentionItem],
-                    enc_attention: list[EncodedAttentionItem], scored: list[int],
-                    enc_preference: list[EncodedAgreementItem], new_word: torch.Tensor,
-                    batch_size: int = 64) -> dict:
-    """The report's `deciding` part: attention from the token before the pronoun to the name on
-    the agreement items (enc_names); on the two-character items whether the attention's
-    preference matches the model's (scored: the indices of those with a wrong pronoun,
-    enc_preference: their written and wrong pronoun)."""
-    name_first = np.array([0 in e.antecedent_words for e in enc_names], dtype=bool)
-    result: dict = {"agreement_attention": [], "prediction_match": [],
-                    "n_agreement": len(enc_names), "n_attention": len(scored),
-                    "n_attention_left_out": len(enc_attention) - len(scored),
-                    "n_name_first_word": int(name_first.sum())}
-    if enc_names:
-        to_name, _ = mention_attention(model, enc_names, batch_size, "deciding")
-        result["agreement_attention"] = deciding.agreement_attention(to_name, name_first)
-    if scored:
-        ante, distr = mention_attention(model, enc_attention, batch_size, "deciding")
-        preference = agreement_margins(model, enc_preference, new_word, None, batch_size)
-        match, correlation = deciding.prediction_match((ante - distr)[scored], preference.numpy())
-        result["prediction_match"] = deciding.head_entries(
-            {"match": match, "correlation": correlation})
-    return result
 
 
 # ------------------------------------------------------------------- during training (tinylm.train)
@@ -296,3 +343,171 @@ def deciding_name_attention(model, encoded: list[EncodedAttentionItem], batch_si
     """(L, nh): each head's mean attention from the token before the pronoun to the name."""
     to_name, _ = mention_attention(model, encoded, batch_size, "deciding")
     return to_name.mean(axis=0)
+
+
+# ------------------------------------------------------------------------- the report, shown
+
+def _grid(entries: list[dict], key: str, n_layer: int, n_head: int) -> np.ndarray:
+    """(n_layer, n_head): each entry's `key` at its layer and head; NaN where it has none."""
+    grid = np.full((n_layer, n_head), np.nan)
+    for e in entries:
+        grid[e["layer"], e["head"]] = np.nan if e[key] is None else e[key]
+    return grid
+
+
+def layer_head_lines(cells: dict[tuple[int, int], str], n_layer: int, n_head: int,
+                     mark: tuple[int, int] | None = None) -> list[str]:
+    """A layer x head table of preformatted cells; `mark` gets a * after its cell."""
+    width = max(8, *(len(c) + 1 for c in cells.values()))
+    lines = [("         " + "".join(f"  {f'head {h}':<{width}}" for h in range(n_head))).rstrip()]
+    for layer in range(n_layer):
+        row = "".join(f"  {cells[layer, h] + ('*' if (layer, h) == mark else ''):<{width}}"
+                      for h in range(n_head))
+        lines.append(f"layer {layer:<3d}{row}".rstrip())
+    return lines
+
+
+def _number(value: float | None, fmt: str) -> str:
+    return "n/a" if value is None else format(value, fmt)
+
+
+def format_deciding(report: dict, n_layer: int, n_head: int, top_heads: int = 5) -> list[str]:
+    """Console lines of the deciding position: the evidence table (with ablation), attention to
+    the name per head (all items / name first word / name later), the prediction match."""
+    d, lines = report["deciding"], []
+    if report["evidence"]:
+        rows = report["evidence"]
+        most_attention = sorted(rows, key=lambda r: -r["mean_attention"])[:top_heads]
+        most_loss = sorted(rows, key=lambda r: r["delta_mean_margin"])[:top_heads]
+        shown = [r for r in rows if r in most_attention or r in most_loss]
+        shown.sort(key=lambda r: -r["mean_attention"])
+        lines += [f"evidence: each head's attention from the token before the pronoun to the "
+                  f"name, beside the margin it costs when {report['ablation'][0]['method']} "
+                  f"({d['n_agreement']} agreement items);",
+                  f"the {top_heads} heads with most attention and the {top_heads} with the "
+                  f"largest loss; agrees = attention at least {OVER_MEDIAN:g}x the median head's "
+                  f"and a loss of at least {MIN_MARGIN_LOSS:g} nats"]
+        lines += columns(["layer", "head", "attention to name", "Δ mean margin", "agrees"],
+                         [[str(r["layer"]), str(r["head"]), f"{r['mean_attention']:.2f}",
+                           f"{r['delta_mean_margin']:+.3f}", "yes" if r["agrees"] else "no"]
+                          for r in shown], ">>>><", gaps=(2, 3, 3, 3), indent="  ")
+    if d["agreement_attention"]:
+        best = report["best_deciding"]
+        by_head = {(e["layer"], e["head"]): e for e in d["agreement_attention"]}
+        n_first = d["n_name_first_word"]
+        lines += [f"deciding: attention from the token before the pronoun (where the model "
+                  f"chooses it) to the name, {d['n_agreement']} agreement items;",
+                  f"all items (name first word: {n_first} items / name later: "
+                  f"{d['n_agreement'] - n_first} items), * = most"]
+        lines += layer_head_lines(
+            {k: f"{e['mean_attention']:.2f} ({_number(e['mean_attention_name_first_word'], '.2f')}"
+                f"/{_number(e['mean_attention_name_later'], '.2f')})" for k, e in by_head.items()},
+            n_layer, n_head, (best["layer"], best["head"]))
+        lines.append(f"best deciding head: layer {best['layer']} head {best['head']}, attention "
+                     f"to the name {best['mean_attention']:.2f}")
+    if d["prediction_match"]:
+        lines += [f"prediction match: {d['n_attention']} two-character items; share on which the "
+                  "head's attention at the deciding position prefers the character",
+                  "whose pronoun the model prefers (sign of attention to antecedent - "
+                  "distractor vs log P(written) - log P(wrong)), with Pearson's r"]
+        lines += layer_head_lines(
+            {(e["layer"], e["head"]): f"{e['match']:.2f} r={_number(e['correlation'], '+.2f')}"
+             for e in d["prediction_match"]}, n_layer, n_head)
+    if d["n_attention_left_out"]:
+        lines.append(f"prediction match: {d['n_attention_left_out']} two-character items left "
+                     "out: no wrong pronoun (\"her\" is object or possessive, so it has no "
+                     "derived one; give wrong_pronoun to score them)")
+    return lines
+
+
+def format_report(report: dict, n_layer: int, n_head: int, top_heads: int = 5) -> list[str]:
+    """The console summary: the deciding position first (evidence table, attention to the name,
+    prediction match), then the resolving head accuracy table, baselines, agreement, ablation."""
+    lines = format_deciding(report, n_layer, n_head, top_heads) if report["deciding"] else []
+    if report["heads"]:
+        grid = _grid(report["heads"], "accuracy", n_layer, n_head)
+        best = report["best"]
+        lines += [f"resolving: {report['n']} two-character items; accuracy = share of items on "
+                  "which the head's attention",
+                  "from the pronoun goes more to the antecedent than to the distractor (* = best)"]
+        lines += layer_head_lines(
+            {(layer, h): f"{grid[layer, h]:.2f}" for layer in range(n_layer)
+             for h in range(n_head)},
+            n_layer, n_head, (best["layer"], best["head"]))
+        b = report["baselines"]
+        lines.append(f"best head: layer {best['layer']} head {best['head']}, accuracy "
+                     f"{best['accuracy']:.2f}; baselines: nearest mention "
+                     f"{b['nearest mention']:.2f}, first mention {b['first mention']:.2f}")
+    else:
+        lines.append("attention: no two-character items (with distractor_chars) in the probe set")
+    agreement = report["agreement"]
+    if agreement:
+        lines.append(f"agreement: {agreement['n']} one-character items, accuracy "
+                     f"{agreement['accuracy']:.2f} (share with log P(pronoun) > log P(wrong "
+                     f"pronoun)), mean margin {agreement['mean_margin']:+.3f} nats")
+    else:
+        lines.append("agreement: no one-character items (with wrong_pronoun) in the probe set")
+    if report["ablation"]:
+        ranked = sorted(report["ablation"], key=lambda e: -abs(e["delta_mean_margin"]))
+        lines.append(f"ablation: each head {ABLATION} in turn, over the {agreement['n']} "
+                     f"agreement items; the {min(top_heads, len(ranked))} heads that move the "
+                     "mean margin most")
+        lines += columns(
+            ["layer", "head", "Δ mean margin", "Δ accuracy", "mean margin", "accuracy"],
+            [[str(e["layer"]), str(e["head"]), f"{e['delta_mean_margin']:+.3f}",
+              f"{e['delta_accuracy']:+.2f}", f"{e['mean_margin']:+.3f}", f"{e['accuracy']:.2f}"]
+             for e in ranked[:top_heads]], ">>>>>>", gaps=(2, 3, 3, 3, 3), indent="  ")
+    return lines
+
+
+def write_probe_figures(report: dict, logdir: str | Path, n_layer: int, n_head: int,
+                        console: list[str]) -> list[str]:
+    """Layer x head heatmaps to TensorBoard (and as <logdir>/<tag>.png) and the console report as
+    text; returns the image tags."""
+    # matplotlib and TensorBoard load only once a report is computed: --help, a bad option or a
+    # bad probe line answer without waiting for them
+    from torch.utils.tensorboard import SummaryWriter
+
+    from tinylm.inspection.figures import layer_head_heatmap, log_figure
+
+    def heatmap(entries: list[dict], key: str, title: str, label: str, **kwargs):
+        return layer_head_heatmap(_grid(entries, key, n_layer, n_head), title, label, **kwargs)
+
+    figures = {}  # TensorBoard tag -> figure
+    if report["heads"]:
+        figures["probe/attention_accuracy"] = heatmap(
+            report["heads"], "accuracy", f"pronoun -> antecedent accuracy ({report['n']} items)",
+            "accuracy")
+    d = report["deciding"]
+    if d and d["agreement_attention"]:
+        n_first = d["n_name_first_word"]
+        for key, items in (("mean_attention", f"{d['n_agreement']} items"),
+                           ("mean_attention_name_first_word",
+                            f"{n_first} items with the name first"),
+                           ("mean_attention_name_later",
+                            f"{d['n_agreement'] - n_first} items with the name later")):
+            figures["probe/deciding_attention" + key.removeprefix("mean_attention")] = heatmap(
+                d["agreement_attention"], key,
+                f"deciding: token before the pronoun -> name ({items})", "attention")
+    if d and d["prediction_match"]:
+        figures["probe/prediction_match"] = heatmap(
+            d["prediction_match"], "match",
+            f"deciding attention predicts the model's pronoun ({d['n_attention']} items)",
+            "share of items")
+        figures["probe/prediction_correlation"] = heatmap(
+            d["prediction_match"], "correlation",
+            "deciding attention difference vs log P difference", "Pearson r", fmt="{:+.2f}",
+            center=0.0)
+    for key in ("delta_mean_margin", "delta_accuracy") if report["ablation"] else ():
+        figures[f"probe/ablation_{key}"] = heatmap(
+            report["ablation"], key,
+            f"agreement: change in {key[6:].replace('_', ' ')} with the head {ABLATION}",
+            key.replace("_", " "), fmt="{:+.2f}", center=0.0)
+    writer = SummaryWriter(log_dir=str(logdir))
+    try:
+        for tag, fig in figures.items():
+            log_figure(writer, tag, fig, png_dir=logdir)
+        writer.add_text("probe/report", "\n".join("    " + line for line in console), 0)
+    finally:
+        writer.close()
+    return list(figures)

@@ -1,15 +1,12 @@
-"""Probe files: one JSONL format, one item per line, read and checked line by line, then
-tokenized for the scoring in tinylm.inspection.probe.
-
-Two kinds of item (a file may mix them; other fields are ignored). Character offsets point at the
-first character of a word.
+"""Probe files: JSONL, one item per line, read and checked line by line, then tokenized for
+the scoring in probe.py. Two kinds of item (a file may mix them; other fields are ignored);
+character offsets point at the first character of a word:
 
 - attention item, two characters of different gender before the pronoun:
   {"text", "pronoun_char", "antecedent_chars": [...], "distractor_chars": [...]}
+  and optionally "wrong_pronoun" (for the deciding position's prediction match)
 - agreement item, one character before the pronoun:
   {"text", "pronoun_char", "antecedent_chars": [...], "wrong_pronoun"}
-  (A wrong_pronoun on an attention item is optional: with two characters before it, either
-  pronoun could be right. It serves the deciding position's prediction match in tinylm.inspection.probe.)
 
 A line that cannot be used raises ProbeFileError naming its file and line.
 """
@@ -23,10 +20,10 @@ from pathlib import Path
 
 import torch
 
-from tinylm.config import shipped_dir
+from tinylm.files import shipped_dir
 from tinylm.inspection.capture import PRONOUNS, find_words, token_word_index, word_at
 
-SHIPPED_PROBES = ("pronouns.jsonl", "agreement.jsonl")  # in data/probes/ (a wheel: tinylm/probes/)
+SHIPPED_PROBES = ("pronouns.jsonl", "agreement.jsonl")  # data/probes/ (a wheel: tinylm/probes/)
 WORD_CHAR = re.compile(r"\w")
 
 
@@ -167,8 +164,7 @@ def load_probe_file(path: str | Path) -> list[ProbeItem]:
 
 
 def shipped_probe(name: str) -> Path:
-    """A shipped probe set: data/probes/<name> of the checkout; an installed wheel carries them
-    as tinylm/probes/."""
+    """A shipped probe set: data/probes/<name> (an installed wheel: tinylm/probes/<name>)."""
     return shipped_dir("data/probes", "probes") / name
 
 

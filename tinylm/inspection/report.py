@@ -1,9 +1,7 @@
-"""Writing one text's inspection: TensorBoard, PNG files, attention.npz, pronouns.md, inspect.json.
+"""What `tinylm-generate ... inspect=true` writes for each text: TensorBoard (images, texts and
+the attention tab's data), the same images as PNG files, attention.npz, pronouns.md (the console
+summary and the pronoun tables) and inspect.json (the readings as records).
 
-tinylm-generate's `inspect=true` calls `inspect_texts`; tinylm.inspection.capture captures and reads the
-attention, this module lays it out as markdown tables, console lines, JSON records and figures:
-
-    from tinylm.inspection.report import inspect_texts
     inspect_texts(model, tokenizer, [text], "runs/inspect", out=print)   # out: progress lines
 """
 
@@ -137,13 +135,12 @@ def tokens_table(capture: AttentionCapture) -> str:
 
 def write_inspection(capture: AttentionCapture, logdir: str | Path, prompt_chars: int = 0,
                      top_words: int = 3, meta: dict | None = None) -> list[str]:
-    """Write one text's attention to TensorBoard, PNG files, attention.npz, pronouns.md and
-    inspect.json (`meta` and the pronoun readings) in `logdir`.
+    """Write one text's attention to `logdir`; returns the console summary lines.
 
     TensorBoard tags: attention/layer_LL/all_heads, attention/layer_LL/head_HH (images),
-    pronouns/NN_<pronoun> (bar charts, deciding beside resolving, and markdown tables),
-    text/generated, text/tokens, pronouns/summary (text). PNG files mirror the image tags
-    (attention/layer_00/head_03.png). Returns the console summary lines.
+    pronouns/NN_<pronoun> (bar charts and markdown tables), text/generated, text/tokens,
+    pronouns/summary (text); a PNG file per image tag (attention/layer_00/head_03.png).
+    inspect.json holds `meta` and the pronoun readings.
     """
     logdir = Path(logdir)
     logdir.mkdir(parents=True, exist_ok=True)
@@ -152,6 +149,7 @@ def write_inspection(capture: AttentionCapture, logdir: str | Path, prompt_chars
     pronoun_tokens = [i for i, w in enumerate(capture.token_words)
                       if w in {r.word for r in readings}]
     summary = pronoun_summary(capture, readings)
+
     def labelled(max_labels: int) -> str:
         step = label_step(t, max_labels)
         return "every token" if step == 1 else f"1 token in {step}"
@@ -216,8 +214,7 @@ def inspect_texts(model, tokenizer, texts: Sequence[str], logdir: str | Path,
                   out: Callable[[str], None] | None = None) -> list[Path]:
     """Capture and write each text's attention (several texts: one TensorBoard run each).
 
-    `out` (e.g. print) gets the progress and summary lines, one call per line; None: silent. Let
-    it flush: the figures take a while to draw after each "writing ..." line.
+    `out` (e.g. print) gets the progress and summary lines, one call per line; None: silent.
     """
     say = out or (lambda line: None)
     logdir = Path(logdir)
@@ -227,7 +224,7 @@ def inspect_texts(model, tokenizer, texts: Sequence[str], logdir: str | Path,
         if not text:
             say(f"\nnothing to inspect in sample {i + 1}: the text is empty")
             continue
-        # drawing takes a while (about a second per figure): say what is going on
+        # drawing takes about a second per figure: say what is going on
         which = "the text" if len(texts) == 1 else f"sample {i + 1}"
         say(f"\nwriting the attention of {which} to {target} ...")
         lines = write_inspection(capture_attention(model, tokenizer, text), target,

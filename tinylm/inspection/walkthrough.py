@@ -1,16 +1,9 @@
-"""Attention, step by step, as text: the walkthrough tinylm-explain prints (tinylm/cli/explain.py).
+"""Attention step by step, as text and heatmaps: what tinylm-explain prints and draws.
 
-Where each number comes from:
-- tinylm.attention computes the attention itself: `attention_steps` (scores, scaling, mask, row
-  max, exponentials, weights, output), `unshifted_exps` (the exponentials without the max
-  subtracted) and `value_terms` (each key's weight·value term of an output);
-- tinylm.inspection.capture runs a MultiHeadAttention stage by stage (`multi_head_walk`) and recomputes
-  one head of a trained TinyLM (`model_head_steps`);
-- this module arranges and labels those numbers. The only arithmetic here is bookkeeping on them:
-  the row sums of the weights, the share that a shortened row leaves out (1 - the weights shown),
-  and the largest difference between the step-by-step numbers and the model's own forward pass.
-
-docs/attention.md explains the steps on tinylm-explain's worked example.
+tinylm.attention computes every number (`attention_steps`, `unshifted_exps`, `value_terms`,
+MultiHeadAttention); this module runs it stage by stage, arranges and labels the numbers, and
+checks them against the module's or the model's own forward pass. docs/attention.md reads the
+worked example.
 
     q = torch.tensor([[1.0, 0.0], [0.0, 1.0]])
     explain_qkv(q, q, q, "K = V = Q", causal=True).text   # every step, with the causal mask
@@ -22,15 +15,83 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import NamedTuple
+from pathlib import Path
+from typing import Any, NamedTuple
 
 import torch
+import yaml  # JSON is YAML, so one reader serves both
 
-from tinylm.attention import AttentionSteps, attention_steps, unshifted_exps, value_terms
-from tinylm.inspection.capture import example_attention, model_head_steps, multi_head_walk
+from tinylm.attention import (
+    AttentionSteps,
+    MultiHeadAttention,
+    attention_steps,
+    unshifted_exps,
+    value_terms,
+)
 from tinylm.tables import MAX_WIDTH, paragraph, side_by_side, table, vector
 
+# The worked example of docs/attention.md: 3 tokens, d = 2, Q = K.
+EXAMPLE_Q = [[1.0, 0.0], [0.0, 1.0], [1.0, 1.0]]
+EXAMPLE_V = [[1.0, 0.0], [0.0, 2.0], [1.0, 1.0]]
+QKV_FILE_KEYS = ("q", "k", "v", "x")
+
 # ----------------------------------------------------------------------------- inputs
+
+
+def to_matrix(name: str, value: Any) -> torch.Tensor:
+    """A list of rows of numbers (or one flat row) -> float tensor (rows, cols); clear errors."""
+    example = f"e.g. {name}=[[1,0],[0,1]]"
+    if isinstance(value, (str, bytes)) or not isinstance(value, Sequence):
+        raise ValueError(f"{name}={value!r} is not a list of rows of numbers ({example})")
+    if len(value) == 0:
+        raise ValueError(f"{name} is empty; give at least one row ({example})")
+    nested = [isinstance(row, Sequence) and not isinstance(row, str) for row in value]
+    if not any(nested):
+        value = [value]  # one flat row: a single query, key or value
+    elif not all(nested):
+        raise ValueError(f"{name} mixes rows and single numbers: {list(value)!r} ({example})")
+    rows = []
+    for i, row in enumerate(value):
+        if len(row) != len(value[0]):
+            raise ValueError(f"{name} is ragged: row 0 has {len(value[0])} numbers but row {i} "
+                             f"has {len(row)}; every row needs the same count ({example})")
+        for j, x in enumerate(row):
+            if isinstance(x, bool) or not isinstance(x, (int, float)) or not math.isfinite(x):
+                raise ValueError(f"{name}[{i}][{j}] = {x!r} is not allowed: entries must be "
+                                 "finite numbers")
+        rows.append([float(x) for x in row])
+    if len(rows[0]) == 0:
+        raise ValueError(f"{name} has rows of 0 numbers ({example})")
+    return torch.tensor(rows)
+
+
+def check_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+    """Raise a clear error unless q (T_q, d), k (T_k, d), v (T_k, d_v) fit together."""
+    if q.size(1) != k.size(1):
+        raise ValueError(f"q rows have {q.size(1)} numbers but k rows have {k.size(1)}: each "
+                         "query is dotted with each key, so q and k need the same width d")
+    if k.size(0) != v.size(0):
+        raise ValueError(f"k has {k.size(0)} rows (tokens) but v has {v.size(0)}: each key needs "
+                         "exactly one value")
+
+
+def read_qkv_file(path: str) -> dict[str, Any]:
+    """Read a JSON or YAML file that maps some of q, k, v, x to lists of rows."""
+    file = Path(path)
+    if not file.is_file():
+        raise FileNotFoundError(f"qkv_file={path!r} does not exist")
+    try:
+        data = yaml.safe_load(file.read_text())
+    except yaml.YAMLError as err:
+        raise ValueError(f"qkv_file={path!r} is not valid JSON or YAML: {err}") from err
+    if not isinstance(data, dict) or not data:
+        raise ValueError(f"qkv_file={path!r} must hold a mapping with keys among "
+                         f"{', '.join(QKV_FILE_KEYS)}")
+    unknown = sorted(str(key) for key in data if key not in QKV_FILE_KEYS)
+    if unknown:
+        raise ValueError(f"qkv_file={path!r} has unknown key {', '.join(unknown)}; allowed: "
+                         f"{', '.join(QKV_FILE_KEYS)}")
+    return data
 
 
 def resolve_query(query: int | str | None, labels: Sequence[str], default: int,
@@ -61,6 +122,70 @@ def resolve_query(query: int | str | None, labels: Sequence[str], default: int,
     return matches[0], note
 
 
+# ----------------------------------------------------------------------------- attention, in stages
+
+
+class MultiHeadWalk(NamedTuple):
+    """Each stage of MultiHeadAttention's forward pass on one sequence x (T, C)."""
+
+    q: torch.Tensor  # (T, C): X·W_qᵀ, all heads side by side
+    k: torch.Tensor
+    v: torch.Tensor
+    steps: AttentionSteps  # per-head steps, (nh, T, T) / output (nh, T, hs)
+    concat: torch.Tensor  # (T, C): the heads' outputs side by side
+    output: torch.Tensor  # (T, C): out_proj(concat)
+
+
+@torch.no_grad()
+def multi_head_walk(attn: MultiHeadAttention, x: torch.Tensor) -> MultiHeadWalk:
+    """Run MultiHeadAttention's stages one by one on x (T, C); causal, as the module always is."""
+    T, C = x.shape
+    q, k, v = attn.project_heads(x[None])  # (1, nh, T, hs) each
+    steps = attention_steps(q[0], k[0], v[0], is_causal=True)  # every head at once
+    concat = steps.output.transpose(0, 1).reshape(T, C)  # (nh, T, hs) -> (T, nh*hs)
+    output = attn.out_proj(concat)
+
+    def joined(t: torch.Tensor) -> torch.Tensor:
+        return t[0].transpose(0, 1).reshape(T, C)
+
+    return MultiHeadWalk(joined(q), joined(k), joined(v), steps, concat, output)
+
+
+def example_attention(d_model: int, n_head: int, seed: int, n_tokens: int = 3
+                      ) -> tuple[MultiHeadAttention, torch.Tensor]:
+    """A small seeded MultiHeadAttention and input x (n_tokens, d_model); weights rounded to 2
+    decimals and x to 1, so the printed numbers are the ones used."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        attn = MultiHeadAttention(d_model, n_head, dropout=0.0, bias=False).eval()
+        x = torch.randn(n_tokens, d_model).round(decimals=1)
+    with torch.no_grad():
+        for param in attn.parameters():
+            param.copy_(param.round(decimals=2))
+    return attn, x
+
+
+@torch.no_grad()
+def model_head_steps(model, idx: torch.Tensor, layer: int, head: int
+                     ) -> tuple[AttentionSteps, torch.Tensor, torch.Tensor]:
+    """One head's attention steps inside a TinyLM on token ids idx (T,).
+
+    Captures the input of blocks[layer].attn (the normed residual stream) during a normal forward
+    pass and recomputes that head; returns (steps, the head's v (T, hs), the weights the model
+    itself returned for that head (T, T)) so callers can check they agree.
+    """
+    attn = model.blocks[layer].attn
+    captured = []
+    hook = attn.register_forward_pre_hook(lambda module, args: captured.append(args[0]))
+    try:
+        out = model(idx[None], return_attention=True)
+    finally:
+        hook.remove()
+    q, k, v = attn.project_heads(captured[0])  # (1, nh, T, hs)
+    steps = attention_steps(q[0, head], k[0, head], v[0, head], is_causal=True)
+    return steps, v[0, head], out.attentions[layer][0, head]
+
+
 # ----------------------------------------------------------------------------- tables
 
 
@@ -71,35 +196,26 @@ def _labels(prefix: str, n: int) -> list[str]:
 def steps_tables(steps: AttentionSteps, d: int, q_rows: list[str], k_cols: list[str],
                  digits: int, mark: int | None, hidden: torch.Tensor | None) -> list[str]:
     """Every step of attention for all queries (q·k of width d), one labelled table per step."""
-    d_v = steps.output.size(-1)
-    scale = f"√{d} = {math.sqrt(d):.4f}"
-    out_cols = _labels("d", d_v)
-    lines = side_by_side([
-        table("1. Scores S = Q·Kᵀ  (query · key)", steps.scores, q_rows, k_cols, digits, mark),
-        table(f"2. Scaled: S / √d  ({scale})", steps.scaled, q_rows, k_cols, digits, mark),
-    ]) + [""]
+
+    def step(title: str, values, cols: list[str] = k_cols) -> list[str]:
+        return table(title, values, q_rows, cols, digits, mark)
+
+    pairs = [(step("1. Scores S = Q·Kᵀ  (query · key)", steps.scores),
+              step(f"2. Scaled: S / √d  (√{d} = {math.sqrt(d):.4f})", steps.scaled))]
     if hidden is not None:
         mask = [["hide" if h else "-" for h in row] for row in hidden.tolist()]
-        lines += side_by_side([
-            table("   Causal mask  (hide: key comes after the query)", mask, q_rows, k_cols,
-                  digits, mark),
-            table("   Masked scores: hidden ones set to -inf", steps.masked, q_rows, k_cols,
-                  digits, mark),
-        ]) + [""]
-    with_max = torch.cat([steps.row_max, steps.shifted], dim=1)
-    with_sum = torch.cat([steps.exps, steps.exp_sum], dim=1)
-    lines += side_by_side([
-        table("3. Row max subtracted  (no exponent > 0)", with_max, q_rows, ["max"] + k_cols,
-              digits, mark),
-        table("4. Exponentials, and each row's sum", with_sum, q_rows, k_cols + ["sum"], digits,
-              mark),
-    ]) + [""]
-    lines += side_by_side([
-        table("5. Weights = exp / sum  (rows sum to 1)", steps.weights, q_rows, k_cols, digits,
-              mark),
-        table("6. Output = Weights · V", steps.output, q_rows, out_cols, digits, mark),
-    ])
-    return lines
+        pairs.append((step("   Causal mask  (hide: key comes after the query)", mask),
+                      step("   Masked scores: hidden ones set to -inf", steps.masked)))
+    pairs += [(step("3. Row max subtracted  (no exponent > 0)",
+                    torch.cat([steps.row_max, steps.shifted], dim=1), ["max"] + k_cols),
+               step("4. Exponentials, and each row's sum",
+                    torch.cat([steps.exps, steps.exp_sum], dim=1), k_cols + ["sum"])),
+              (step("5. Weights = exp / sum  (rows sum to 1)", steps.weights),
+               step("6. Output = Weights · V", steps.output, _labels("d", steps.output.size(-1))))]
+    lines = []
+    for pair in pairs:
+        lines += side_by_side(pair) + [""]
+    return lines[:-1]
 
 
 def query_walk(steps: AttentionSteps, i: int, v: torch.Tensor, q_label: str,
@@ -112,8 +228,7 @@ def query_walk(steps: AttentionSteps, i: int, v: torch.Tensor, q_label: str,
     visible = [j for j in range(len(k_labels)) if math.isfinite(float(steps.masked[i, j]))]
     shown = visible
     if top is not None and len(visible) > top:
-        best = sorted(visible, key=lambda j: -float(steps.weights[i, j]))[:top]
-        shown = sorted(best)
+        shown = sorted(sorted(visible, key=lambda j: -float(steps.weights[i, j]))[:top])
     d_v = v.size(1)
     spell_out = d_v <= 4 and len(shown) <= 6  # weight·value per key still fits on a line
     terms = value_terms(steps.weights, v)[i]  # (T_k, d_v): weight_j · v_j
@@ -162,19 +277,18 @@ def weights_overview(weights: torch.Tensor, tokens: Sequence[str], digits: int, 
                      ) -> list[str]:
     """Every query's weights (T, T), labelled with tokens: the full table when it fits in
     MAX_WIDTH, otherwise each row shortened to its `top` largest weights (and it says so)."""
-    T = weights.size(0)
     labels = [f"{j} {t!r}" for j, t in enumerate(tokens)]
     full = table("Weights of every query (rows) over the keys (columns):", weights, labels,
                  [repr(t) for t in tokens], digits)
     if max(len(line) for line in full) <= MAX_WIDTH:
         return full
     width = max(len(label) for label in labels)
+    dec = min(digits, 3)
     lines = [f"Weights of every query, each row shortened to its {top} largest (keys after the "
              "query have weight 0):"]
-    for i in range(T):
+    for i in range(weights.size(0)):
         row = weights[i, : i + 1]
         best = row.topk(min(top, i + 1)).indices.tolist()
-        dec = min(digits, 3)
         entries = "  ".join(f"{j}:{tokens[j]!r} {float(row[j]):.{dec}f}" for j in best)
         rest = i + 1 - len(best)
         more = f"  (+{rest} more: {1.0 - float(row[best].sum()):.{dec}f})" if rest else ""
@@ -183,11 +297,6 @@ def weights_overview(weights: torch.Tensor, tokens: Sequence[str], digits: int, 
 
 
 # ----------------------------------------------------------------------------- the three modes
-
-
-def _blank_hidden(steps: AttentionSteps) -> torch.Tensor:
-    """The weights with hidden (masked) positions as NaN, so figures leave them blank."""
-    return steps.weights.masked_fill(torch.isinf(steps.masked), float("nan"))
 
 
 class Panel(NamedTuple):
@@ -206,6 +315,14 @@ class Explanation(NamedTuple):
     text: str
     title: str
     panels: list[Panel]
+
+
+def _weight_panels(steps: AttentionSteps, rows: list[str], cols: list[str], prefix: str = "",
+                   masked: str = " (masked)") -> list[Panel]:
+    """Heatmaps of the scores and the weights; hidden weights are NaN, so they show blank."""
+    blank_hidden = steps.weights.masked_fill(torch.isinf(steps.masked), float("nan"))
+    return [Panel(f"{prefix}scores S/√d{masked}", steps.masked, rows, cols),
+            Panel(f"{prefix}weights", blank_hidden, rows, cols, weights=True)]
 
 
 def explain_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, intro: str,
@@ -244,19 +361,37 @@ def explain_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, intro: str,
                 + ["keys seen"])
         lines += [""] + table("How the mask changes each row's output:", rows, q_rows, cols,
                               digits, i)
-    title = "causal attention" if causal else "attention"
-    panels = [Panel("scores S/√d" + (" (masked)" if causal else ""), steps.masked, q_rows,
-                    k_cols),
-              Panel("weights", _blank_hidden(steps), q_rows, k_cols, weights=True)]
-    return Explanation("\n".join(lines), title, panels)
+    return Explanation("\n".join(lines), "causal attention" if causal else "attention",
+                       _weight_panels(steps, q_rows, k_cols, masked=" (masked)" if causal else ""))
+
+
+def explain_given_qkv(given: dict, causal: bool = False, query: int | str | None = None,
+                      digits: int = 4, d_model: int | None = None) -> Explanation:
+    """tinylm-explain's single-head mode: the q, k, v that `given` holds (K = Q and V = K where
+    missing), or the worked example; d_model and x, which belong to n_head mode, are refused."""
+    if given.get("x") is not None or d_model is not None:
+        raise ValueError("x and d_model are for multi-head mode; add n_head=<heads>")
+    if given.get("q") is None:
+        if given.get("k") is not None or given.get("v") is not None:
+            raise ValueError("k or v were given without q; give q too")
+        intro = "The explainer's worked example: 3 tokens, d = 2, K = Q."
+        given = {"q": EXAMPLE_Q, "v": EXAMPLE_V}
+    else:
+        intro = ("Your Q, K, V" + ("  (K = Q: k not given)" if given.get("k") is None else "")
+                 + ("  (V = K: v not given)" if given.get("v") is None else ""))
+    q = to_matrix("q", given["q"])
+    k = to_matrix("k", given["k"]) if given.get("k") is not None else q
+    v = to_matrix("v", given["v"]) if given.get("v") is not None else k
+    check_qkv(q, k, v)
+    return explain_qkv(q, k, v, intro, causal, query, digits)
 
 
 def explain_multi_head(n_head: int, x: torch.Tensor | None = None, d_model: int | None = None,
                        seed: int = 0, digits: int = 4) -> Explanation:
     """MultiHeadAttention step by step: project, split into heads, attend, concatenate, project.
 
-    x: the input (T, d_model); default 3 random rows of width d_model (or 4).
-    The module's weights are random with `seed`, rounded so the printed numbers are the ones used.
+    x: the input (T, d_model); default 3 random rows of width d_model (or 4). The module's
+    weights are random with `seed`, rounded so the printed numbers are the ones used.
     """
     if x is not None and d_model is not None and d_model != x.size(1):
         raise ValueError(f"d_model={d_model} but x rows have {x.size(1)} numbers; "
@@ -271,7 +406,7 @@ def explain_multi_head(n_head: int, x: torch.Tensor | None = None, d_model: int 
     x = x if x_given else x_random
     walk = multi_head_walk(attn, x)
     T, hs, dg = x.size(0), d_model // n_head, digits
-    rows = _labels("t", T)
+    rows, d_cols = _labels("t", T), _labels("d", d_model)
     head_cols = [f"h{h}.{c}" for h in range(n_head) for c in range(hs)]
     w_q, w_k, w_v = attn.qkv_proj.weight.split(d_model, dim=0)  # each (C, C): rows = outputs
 
@@ -282,11 +417,11 @@ def explain_multi_head(n_head: int, x: torch.Tensor | None = None, d_model: int 
         + ("." if x_given else "; x random, rounded to 1 decimal.")
         + " MultiHeadAttention is causal (a language model must not see later tokens), so every "
         "head below uses the causal mask.") + [""]
-    lines += table("X: the input, one row per token", x, rows, _labels("d", d_model), dg)
+    lines += table("X: the input, one row per token", x, rows, d_cols, dg)
     lines += [""] + side_by_side([
-        table("W_q (qkv_proj.weight, first third)", w_q, head_cols, _labels("d", d_model), dg),
-        table("W_k (second third)", w_k, head_cols, _labels("d", d_model), dg),
-        table("W_v (last third)", w_v, head_cols, _labels("d", d_model), dg),
+        table("W_q (qkv_proj.weight, first third)", w_q, head_cols, d_cols, dg),
+        table("W_k (second third)", w_k, head_cols, d_cols, dg),
+        table("W_v (last third)", w_v, head_cols, d_cols, dg),
     ]) + [""]
     lines += side_by_side([
         table("Q = X·W_qᵀ", walk.q, rows, head_cols, dg),
@@ -296,20 +431,17 @@ def explain_multi_head(n_head: int, x: torch.Tensor | None = None, d_model: int 
     lines += ["", f"Split into heads: head h takes columns h.0 .. h.{hs - 1} of Q, K and V, and "
               "attends on its own."]
     panels = []
-    keys = _labels("t", T)
     for h in range(n_head):
         s = AttentionSteps(*(t[h] for t in walk.steps))
         lines += ["", f"--- head {h} ---"] + side_by_side([
-            table(f"Scaled scores S/√{hs}, masked", s.masked, rows, keys, dg),
-            table("Weights", s.weights, rows, keys, dg),
+            table(f"Scaled scores S/√{hs}, masked", s.masked, rows, rows, dg),
+            table("Weights", s.weights, rows, rows, dg),
             table(f"Output O_{h} = Weights · V_{h}", s.output, rows, _labels(f"h{h}.", hs), dg),
         ])
-        panels += [Panel(f"head {h}: scores S/√d (masked)", s.masked, rows, keys),
-                   Panel(f"head {h}: weights", _blank_hidden(s), rows, keys, weights=True)]
+        panels += _weight_panels(s, rows, rows, prefix=f"head {h}: ")
     lines += [""] + side_by_side([
         table("Concatenated heads [O_0 | O_1 ...]", walk.concat, rows, head_cols, dg),
-        table("Output Y = concat · W_oᵀ (out_proj)", walk.output, rows, _labels("d", d_model),
-              dg),
+        table("Output Y = concat · W_oᵀ (out_proj)", walk.output, rows, d_cols, dg),
     ])
     with torch.no_grad():
         y, weights = attn(x[None], need_weights=True)
@@ -318,6 +450,22 @@ def explain_multi_head(n_head: int, x: torch.Tensor | None = None, d_model: int 
     lines += ["", f"Check: MultiHeadAttention.forward(x) gives the same output (max difference "
               f"{diff_y:.1e}) and weights (max difference {diff_w:.1e})."]
     return Explanation("\n".join(lines), f"multi-head attention, {n_head} heads", panels)
+
+
+def explain_given_multi_head(given: dict, n_head: int, d_model: int | None = None,
+                             seed: int = 0, digits: int = 4,
+                             query: int | str | None = None) -> Explanation:
+    """tinylm-explain's n_head mode: MultiHeadAttention on the x that `given` holds, or on random
+    rows; q, k, v and query, which belong to the other modes, are refused."""
+    unused = [name for name in ("q", "k", "v") if given.get(name) is not None]
+    if unused:
+        raise ValueError(f"n_head mode projects Q, K, V from x; give x=[[...]] instead of "
+                         f"{', '.join(unused)}")
+    if query is not None:
+        raise ValueError("query picks the row to follow in the single-head and checkpoint modes; "
+                         "n_head mode shows every row")
+    x = to_matrix("x", given["x"]) if given.get("x") is not None else None
+    return explain_multi_head(n_head, x, d_model, seed, digits)
 
 
 def explain_model_head(model, tokenizer, text: str, layer: int = 0, head: int = 0,
@@ -357,8 +505,26 @@ def explain_model_head(model, tokenizer, text: str, layer: int = 0, head: int = 
     lines += query_walk(steps, i, v.float().cpu(), labels[i], labels, digits, top=top)
     lines += ["", f"Check: the model's own forward pass gives this head the same weights (max "
               f"difference {diff:.1e})."]
-    title = f"layer {layer} head {head}"
     short = [repr(t) for t in tokens]
-    panels = [Panel("scores S/√d (masked)", steps.masked, short, short),
-              Panel("weights", _blank_hidden(steps), short, short, weights=True)]
-    return Explanation("\n".join(lines), title, panels)
+    return Explanation("\n".join(lines), f"layer {layer} head {head}",
+                       _weight_panels(steps, short, short))
+
+
+def write_figures(explanation: Explanation, png: str | None, logdir: str | None) -> list[str]:
+    """Write the heatmaps as a PNG and/or to TensorBoard; returns lines saying where."""
+    # imported here: only runs that ask for figures wait for matplotlib (and TensorBoard)
+    from tinylm.inspection.figures import save_figure, steps_figure
+
+    fig = steps_figure(explanation.panels, f"tinylm-explain: {explanation.title}")
+    written = []
+    if png:
+        written.append(f"Figure written to {save_figure(fig, png)}")
+    if logdir:
+        from torch.utils.tensorboard import SummaryWriter
+
+        tag = "explain/" + explanation.title.replace(" ", "_").replace(",", "")
+        with SummaryWriter(logdir) as writer:
+            writer.add_figure(tag, fig, global_step=0)
+        written.append(f"TensorBoard figure {tag!r} written to {logdir} "
+                       f"(tensorboard --logdir {logdir})")
+    return written

@@ -63,7 +63,7 @@ from tinylm.train.runtime import (
 )
 from tinylm.train.threads import apply_threads, resumed_threads, start_sample
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("tinylm.train")  # what Hydra's log lines name: the package, not this file
 
 TENSORBOARD_DIR = "tensorboard"
 

@@ -42,6 +42,12 @@ def _json(request, data, code: int = 200) -> wrappers.Response:
     return http_util.Respond(request, json.dumps(data), "application/json", code=code)
 
 
+def _where(request) -> dict:
+    """The data provider's context and experiment id of a request, as keyword arguments."""
+    return {"ctx": plugin_util.context(request.environ),
+            "experiment_id": plugin_util.experiment_id(request.environ)}
+
+
 def inside(root: Path, path: Path) -> bool:
     """Whether `path`, with every symlink resolved, lies inside `root` (also resolved)."""
     try:
@@ -51,11 +57,8 @@ def inside(root: Path, path: Path) -> bool:
 
 
 def truncated_records(path: Path) -> int | None:
-    """Bytes cut off the end of a TFRecord event file (None: it ends on a whole record).
-
-    Walks the record headers only (8-byte length, 4-byte CRC, data, 4-byte CRC), so it is cheap
-    even for large files.
-    """
+    """Bytes cut off the end of a TFRecord event file (None: it ends on a whole record); walks
+    the record headers only (8-byte length, 4-byte CRC, data, 4-byte CRC)."""
     size, position = path.stat().st_size, 0
     with path.open("rb") as f:
         while position < size:
@@ -127,10 +130,8 @@ class AttentionPlugin(base_plugin.TBPlugin):
     def _series(self, request, run: str | None = None, tag: str | None = None) -> dict:
         """{run: {tag: TensorTimeSeries}} of this plugin, optionally one run and tag only."""
         filter_ = provider.RunTagFilter(runs=[run], tags=[tag]) if run is not None else None
-        return self.data_provider.list_tensors(
-            plugin_util.context(request.environ),
-            experiment_id=plugin_util.experiment_id(request.environ),
-            plugin_name=PLUGIN_NAME, run_tag_filter=filter_)
+        return self.data_provider.list_tensors(**_where(request), plugin_name=PLUGIN_NAME,
+                                               run_tag_filter=filter_)
 
     def _truncated_event_files(self, runs) -> list[dict]:
         """Event files of these runs that end in a cut-off record (a crash mid-write)."""
@@ -173,9 +174,7 @@ class AttentionPlugin(base_plugin.TBPlugin):
                     "run": run, "name": content["name"], "steps": []})
                 entry["steps"].append({"step": content["step"], "tag": tag})
         problems += self._truncated_event_files(
-            run.run_name for run in self.data_provider.list_runs(
-                plugin_util.context(request.environ),
-                experiment_id=plugin_util.experiment_id(request.environ)))
+            run.run_name for run in self.data_provider.list_runs(**_where(request)))
         for entry in texts.values():
             entry["steps"].sort(key=lambda s: s["step"])
         return _json(request, {"texts": list(texts.values()), "problems": problems,
@@ -203,9 +202,8 @@ class AttentionPlugin(base_plugin.TBPlugin):
             return _json(request, {"error": "no such run and tag"}, 404)
         run, tag, _ = found
         data = self.data_provider.read_tensors(
-            plugin_util.context(request.environ),
-            experiment_id=plugin_util.experiment_id(request.environ), plugin_name=PLUGIN_NAME,
-            downsample=1, run_tag_filter=provider.RunTagFilter(runs=[run], tags=[tag]))
+            **_where(request), plugin_name=PLUGIN_NAME, downsample=1,
+            run_tag_filter=provider.RunTagFilter(runs=[run], tags=[tag]))
         (datum,) = data[run][tag]
         weights = np.asarray(datum.numpy, dtype="<f2")  # (L, nh, T, T)
         return http_util.Respond(request, weights.tobytes(), "application/octet-stream")

@@ -1,13 +1,11 @@
 """What the attention tab reads: one summary per inspected text, tagged `tinylm_attention`.
 
-    from tinylm.inspection.tensorboard_plugin.summary import write_attention
     write_attention(writer, "probe_prompt", capture, step)  # writer: torch SummaryWriter
 
-The tensor is the capture's weights as float16, shape (n_layer, n_head, T, T); the summary
-metadata's plugin content is JSON with the text, its tokens, the token -> word map, which words
-are pronouns and names, and a note when the text was longer than the window. Each (text, step)
-gets its own tag (`<name>/step_<step>`), so TensorBoard's per-tag sampling, which keeps only
-10 tensors per tag by default, never drops an evaluation.
+The tensor is the capture's weights as float16, (n_layer, n_head, T, T); the plugin content is
+JSON with the text, its tokens, the token -> word map, the pronouns and names, and a note when
+the text was cut to the window. Each (text, step) has its own tag (`<name>/step_<step>`), since
+TensorBoard samples only 10 tensors per tag by default.
 """
 
 from __future__ import annotations

@@ -5,8 +5,8 @@
 // framework, no build step, nothing from the network but this TensorBoard server.
 //
 // Weights arrive as float16 bytes, (n_layer, n_head, T, T), row q = where query token q looks.
-// Word level follows tinylm.inspection.word_level: attention *to* a word sums its tokens'
-// columns, attention *from* a word averages its tokens' rows.
+// Word level follows capture.py's word_level: attention *to* a word sums its tokens' columns,
+// attention *from* a word averages its tokens' rows.
 
 const ANTECEDENTS_SHOWN = 3;  // as tinylm-generate inspect=true's pronoun tables
 
@@ -121,7 +121,7 @@ function selectedHeads() {
   return Array.from({length: state.nHead}, (_, h) => [state.layer, h]);
 }
 
-// Attention from one token to every word (a row of inspection.key_words).
+// Attention from one token to every word (a row of capture.py's key_words).
 function keyWordRow(layer, head, q) {
   const row = new Float64Array(state.wordTokens.length);
   for (let k = 0; k <= q; k++) {
@@ -137,8 +137,8 @@ function decidingToken(word) {
   return first > 0 ? first - 1 : null;
 }
 
-// A pronoun's most-attended earlier words for one head, best first, as inspection.read_pronouns
-// reads them from the pronoun ("resolving") or from the token before it ("deciding").
+// A pronoun's most-attended earlier words for one head, best first, as capture.py's
+// read_pronouns reads them from the pronoun ("resolving") or from the token before it ("deciding").
 function antecedents(layer, head, pronoun, position = "resolving") {
   const row = position === "deciding" ? keyWordRow(layer, head, decidingToken(pronoun))
     : wordRow(layer, head, pronoun);
