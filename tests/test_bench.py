@@ -37,7 +37,7 @@ from tinylm.bench.runs import (
     endtoend_ratios,
     run_nanogpt,
 )
-from tinylm.bench.sections import Ratio, Row, Section, Timing
+from tinylm.bench.sections import Ratio, Row, Section, time_turns
 from tinylm.bench.train import bench_train
 from tinylm.data import DataConfig
 from tinylm.model import ModelConfig
@@ -175,7 +175,7 @@ def test_candidates_take_turns_and_the_median_is_reported():
                 pass
         return run
 
-    rows = Timing(repeats=3, warmup=1).run({"a": candidate("a"), "b": candidate("b")})
+    rows = time_turns({"a": candidate("a"), "b": candidate("b")}, repeats=3, warmup=1)
     assert calls == ["a", "b", "a", "b", "b", "a", "a", "b"]  # warm-ups, then flipping rounds
     assert len(rows["a"].times_s) == 3
     assert rows["a"].median_s == pytest.approx(0.10, abs=0.025)
@@ -211,9 +211,9 @@ def test_load_shares_are_taken_against_their_own_rounds_quiet_one_thread_run(mon
     monkeypatch.setattr("tinylm.bench.runs.competitor", competitor)
     monkeypatch.setattr("tinylm.bench.runs.run_load_worker", worker)
     model = ModelConfig(vocab_size=16, block_size=4, n_layer=1, n_head=1, n_embd=4)
-    section = bench_load(model, OptimConfig(), LoadBenchConfig(batch_size=1, steps_per_call=1,
-                                                               settle_s=0.0, rounds=3),
-                         Timing(repeats=5, warmup=1))
+    section = bench_load(BenchConfig(model=model, optim=OptimConfig(), repeats=5, warmup=1,
+                                     load=LoadBenchConfig(batch_size=1, steps_per_call=1,
+                                                          settle_s=0.0, rounds=3)))
 
     assert order == ["quiet", "one busy process", "a 2-thread PyTorch job"] * 3
     ratios = {r.name: r for r in section.ratios}
@@ -242,7 +242,7 @@ def test_a_failing_torch_compile_leaves_the_eager_comparison(tmp_path, monkeypat
 
     monkeypatch.setattr(torch, "compile", broken_compile)
     cfg = tiny_config(tmp_path)
-    section = bench_train(cfg.model, cfg.optim, cfg.train, Timing(1, 0))
+    section = bench_train(cfg)
     names = [row.name for row in section.rows]
     assert "tinylm fp32" in names and not any("compiled" in name for name in names)
     assert sum(row.note == "best setting" for row in section.rows) == 2
@@ -259,7 +259,7 @@ def test_without_bf16_instructions_the_train_section_compiles_and_compares_in_fp
     monkeypatch.setattr("tinylm.bench.train.has_fast_bf16", lambda device: False)
     monkeypatch.setattr(torch, "compile", lambda model: model)  # which rows, not inductor
     cfg = tiny_config(tmp_path)
-    section = bench_train(cfg.model, cfg.optim, cfg.train, Timing(1, 0))
+    section = bench_train(cfg)
     names = {row.name for row in section.rows}
     assert not any("bf16" in name for name in names)
     assert {"tinylm fp32", "GPT-2 eager fp32", "tinylm fp32 compiled",
@@ -291,7 +291,7 @@ def test_a_missed_target_is_printed_as_missed():
     assert "late / early: 1.10   target <= 1.5: met" in text
     assert "context only: 3.00\n" in text
     assert "500,000" in text and "2.00" in text  # tokens/s and median milliseconds
-    assert section.to_dict()["ratios"][0]["met"] is False
+    assert dataclasses.asdict(section)["ratios"][0]["met"] is False
 
 
 def test_a_ratio_next_to_its_target_is_printed_on_its_own_side_of_it():
@@ -376,7 +376,7 @@ def test_without_nanogpt_the_endtoend_section_reports_its_times_without_a_verdic
                         val_loss=1.86, to_target_s=25.0, device="cpu")
 
     monkeypatch.setattr("tinylm.bench.runs.run_training", run_training)
-    section = bench_endtoend(EndToEndBenchConfig())
+    section = bench_endtoend(BenchConfig())
     assert [row.name for row in section.rows] == ["with the evaluation extras",
                                                   "without the sample and the heads' maps"]
     assert all(row.figures["to_target_s"] == 25.0 for row in section.rows)

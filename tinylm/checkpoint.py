@@ -13,12 +13,10 @@ Layout inside a run directory:
       last -> step-0000500     symlinks, switched atomically (tag files where there are none)
       best -> step-0000250
 
-A checkpoint is written to a hidden directory, flushed to disk and renamed into place; only then
-is a tag re-pointed, by renaming a fresh symlink (or, on Windows and on disks without symlinks,
-a one-line file naming the step directory) onto it. Killed at any moment, the run directory
-still holds the previous complete checkpoint. Weights that are not finite are never written, a
-write that fails (a full disk) leaves nothing behind, and one process at a time writes a run
-directory (`run_dir_lock`).
+A checkpoint is written to a hidden directory, flushed and renamed into place; only then is a
+tag re-pointed (a fresh symlink, or a tag file where there are none, renamed onto it), so a kill at
+any moment leaves the previous complete checkpoint. Non-finite weights are never written, a failed
+write leaves nothing behind, and one process at a time writes a run directory (`run_dir_lock`).
 """
 
 from __future__ import annotations
@@ -35,7 +33,6 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import safetensors.torch
 import torch
@@ -44,7 +41,7 @@ from filelock import FileLock, Timeout
 from safetensors import SafetensorError, safe_open
 
 from tinylm.model import ModelConfig, TinyLM
-from tinylm.tokenizer import load_tokenizer
+from tinylm.tokenizer import Tokenizer, load_tokenizer
 
 CHECKPOINTS_DIR = "checkpoints"
 WEIGHTS_FILE = "model.safetensors"
@@ -83,7 +80,7 @@ class Checkpoint:
     directory: Path
     model: TinyLM
     config: ModelConfig
-    tokenizer: Any
+    tokenizer: Tokenizer
     run_config: dict
     trainer_state_path: Path | None
 
@@ -143,7 +140,7 @@ def tagged(checkpoints: Path, tag: str) -> Path | None:
 def tagged_checkpoint(checkpoints: Path, tag: str) -> Path | None:
     """The step directory that checkpoints/<tag> names, where it exists."""
     named = tagged(checkpoints, tag)
-    return named if named is not None and named.is_dir() else None
+    return named if named and named.is_dir() else None
 
 
 def _remove_unreferenced(checkpoints: Path) -> None:
@@ -208,7 +205,7 @@ def mount_point(path: Path) -> Path:
     return path
 
 
-def save_checkpoint(run_dir: str | Path, model: TinyLM, tokenizer: Any, run_config: dict,
+def save_checkpoint(run_dir: str | Path, model: TinyLM, tokenizer: Tokenizer, run_config: dict,
                     step: int, trainer_state: dict | None = None,
                     tags: tuple[str, ...] = ("last",)) -> Path:
     """Write a complete checkpoint for `step` and point each tag ("last", "best") at it."""

@@ -1,9 +1,7 @@
 """Reading a corpus as rows of text, and dividing the rows into training and validation.
 
-A corpus is local UTF-8 files (the embedded corpora, or yours) or a Hugging Face hub dataset.
-Everything streams: files are read a few MB at a time, the hub with `streaming=True`, so no
-corpus is held whole. The split is planned before anything is written (`plan_local_split`,
-`plan_hub_split`); tinylm.data's prepare_data then streams the planned rows.
+A corpus is local UTF-8 files (the embedded corpora, or yours) or a Hugging Face hub dataset,
+streamed either way, so no corpus is held whole; tinylm.data's prepare_data writes the planned rows.
 
     root, why = data_root(None)                         # the embedded corpora (data/corpora/)
     files = resolve_files(root, ["tinystories/*.txt"], "tinystories", why)
@@ -78,8 +76,7 @@ def _match(root: Path, pattern: str) -> list[Path]:
 
 
 def resolve_files(root: Path, patterns: list[str], corpus: str, why: str) -> list[Path]:
-    """The files `patterns` name under `root`, each once; FileNotFoundError in one line if any
-    pattern matches nothing."""
+    """The files `patterns` name under `root`, each once; FileNotFoundError if one matches none."""
     files, missing = [], []
     for pattern in patterns:
         if (root / Path(pattern).expanduser()).is_dir():
@@ -117,10 +114,8 @@ def check_embedded(root: Path, inputs: list[dict]) -> None:
 
 
 def scan_file(path: Path, strict_utf8: bool, log: Callable[[str], None]) -> dict:
-    """Size and SHA-256 of a corpus file; refuses empty files and (if strict) invalid UTF-8.
-
-    Invalid UTF-8 read leniently is reported through `log`.
-    """
+    """Size and SHA-256 of a corpus file; refuses empty files and (if strict) invalid UTF-8,
+    else reports it through `log`."""
     digest = hashlib.sha256()
     decoder = codecs.getincrementaldecoder("utf-8")()
     consumed = newlines = 0  # bytes and line breaks before the current chunk
@@ -184,12 +179,8 @@ def read_rows(path: Path, sample_by: str, errors: str = "strict") -> Iterator[st
 # ----------------------------------------------------------------------------------- the hub
 
 def check_hub_reachable(timeout: float = 5.0) -> None:
-    """Raise HubError at once when the hub is switched off or cannot be connected to, instead
-    of huggingface_hub's half a minute of retries.
-
-    Behind a proxy (HTTPS_PROXY, ALL_PROXY) a direct connection proves nothing, so only the
-    offline switches are checked there.
-    """
+    """Raise HubError at once when the hub is switched off or unreachable, instead of
+    huggingface_hub's half a minute of retries (behind a proxy only the switches are checked)."""
     for switch in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE"):
         if os.environ.get(switch, "").upper() in _TRUE:
             raise HubError(f"the Hugging Face hub is switched off ({switch}="
@@ -232,8 +223,7 @@ def hub_rows(hub_id: str, split: str, limit: int | None = None) -> Iterator[str]
 class SplitPlan:
     """How a corpus divides into training and validation rows, decided before any is written.
 
-    `rows()` streams the corpus afresh on every call as ("train" | "val", text) pairs in corpus
-    order; preparing reads it twice (tokenizer training stops early), so nothing is held whole.
+    `rows()` streams the corpus afresh on each call as ("train" | "val", text) in corpus order.
     """
 
     rows: Callable[[], Iterator[tuple[str, str]]]

@@ -4,13 +4,10 @@
     sampler = BatchSampler(prepared.train_path, block_size=128, batch_size=16, seed=1337)
     x, y = sampler.next_batch("cpu")                    # (B, T) int64; y is x shifted by one
 
-prepare_data streams the corpus (tinylm/corpus.py) as rows, trains the tokenizer on at most
-tokenizer.train_bytes of the training rows and appends the ids a chunk of rows at a time to
-<cache_dir>/<corpus>-<tokenizer>/{train.bin, val.bin}, beside tokenizer.json and meta.json
-(data/README.md), so memory stays flat whatever the corpus size. meta.json keeps a fingerprint
-of the inputs' contents and of every setting: a second run with the same ones reuses the
-directory (training calls prepare_data too), anything changed rebuilds it. A build is written to
-a hidden directory renamed into place when complete: no half-written cache is ever visible.
+prepare_data streams the corpus (tinylm/corpus.py) into <cache_dir>/<corpus>-<tokenizer>/
+{train.bin, val.bin, tokenizer.json, meta.json} (data/README.md). meta.json's fingerprint of the
+inputs and settings lets a later run reuse the directory; a build is renamed into place only when
+complete.
 """
 
 from __future__ import annotations
@@ -24,8 +21,10 @@ import secrets
 import shutil
 import time
 from collections.abc import Callable
+from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import BinaryIO
 
 import numpy as np
 import tokenizers
@@ -114,7 +113,7 @@ class DataConfig:
     @property
     def joiner(self) -> str:
         """Text between two consecutive rows of a split."""
-        return EOT if self.source == "hub" else ROW_JOINER[self.sample_by]
+        return ROW_JOINER[self.row_unit]
 
 
 # ------------------------------------------------------------------------ the cache on disk
@@ -140,8 +139,8 @@ class IdWriter:
     """Appends one split's ids to its .bin file a chunk of rows at a time, the joiner's ids
     between consecutive rows; counts rows and tokens."""
 
-    def __init__(self, path: Path, tokenizer: Tokenizer, joiner: str):
-        self.file = open(path, "wb")
+    def __init__(self, file: BinaryIO, tokenizer: Tokenizer, joiner: str):
+        self.file = file
         self.tokenizer, self.dtype = tokenizer, bin_dtype(tokenizer.vocab_size)
         self.joiner_ids = np.array(tokenizer.encode(joiner), dtype=self.dtype)
         self.pending: list[str] = []
@@ -170,16 +169,13 @@ class IdWriter:
 def write_ids(plan: SplitPlan, tokenizer: Tokenizer, joiner: str, directory: Path
               ) -> dict[str, IdWriter]:
     """Tokenize the corpus once into directory/{train,val}.bin; -> the writer of each split."""
-    writers = {split: IdWriter(directory / f"{split}.bin", tokenizer, joiner)
-               for split in ("train", "val")}
-    try:
+    with ExitStack() as files:
+        writers = {split: IdWriter(files.enter_context(open(directory / f"{split}.bin", "wb")),
+                                   tokenizer, joiner) for split in ("train", "val")}
         for split, row in plan.rows():
             writers[split].add(row)
         for writer in writers.values():
             writer.flush()
-    finally:
-        for writer in writers.values():
-            writer.file.close()
     return writers
 
 
@@ -344,15 +340,13 @@ def _require_window(n_tokens: int, block_size: int, what: str,
 
 
 def check_enough_tokens(prepared: PreparedData, block_size: int) -> None:
-    """Raise ValueError unless train and val both hold at least one window of block_size + 1.
-
-    The advice fits the split that is short: more validation text takes it from training.
-    """
+    """Raise ValueError unless train and val both hold at least one window of block_size + 1."""
     n_train, n_val = (prepared.meta[f"{split}_tokens"] for split in ("train", "val"))
     fits = min(n_train, n_val) - 1  # the largest block_size both splits hold a window of
     smaller = f"model.block_size={fits}" if fits >= 1 else "a smaller model.block_size"
     _require_window(n_train, block_size, f"{prepared.directory / 'train.bin'}",
                     f"use a longer corpus or {smaller}")
+    # more validation text takes it from training, so the advice for val names both sides
     _require_window(n_val, block_size, f"{prepared.directory / 'val.bin'}",
                     f"use {smaller}, a longer corpus, or a larger data.val_fraction (now the "
                     f"training split holds {n_train:,} tokens)")
@@ -361,11 +355,9 @@ def check_enough_tokens(prepared: PreparedData, block_size: int) -> None:
 class BatchSampler:
     """Random windows of block_size + 1 tokens from a .bin file, reproducible and resumable.
 
-    The random stream belongs to this sampler (a seeded torch.Generator), so a saved
-    state_dict() resumes it bit-exactly. Under DDP every rank draws the same world_size *
-    batch_size starts and keeps its own slice: ranks see different windows, together the same
-    global batch a single process would. For a fixed evaluation set, create a new sampler with a
-    fixed seed for each evaluation.
+    The random stream is this sampler's own seeded torch.Generator, so state_dict() resumes it
+    bit-exactly. Under DDP every rank draws the same world_size * batch_size starts and keeps its
+    own slice: together the global batch a single process would draw.
     """
 
     def __init__(self, path: str | Path, block_size: int, batch_size: int, seed: int,

@@ -47,14 +47,13 @@ def sample_next(logits: torch.Tensor, temperature: float = 1.0, top_k: int | Non
 @contextmanager
 def cpu_decoding(model: TinyLM) -> Iterator[None]:
     """Within: one-token steps of a float32 CPU model set up to run fastest; elsewhere (bf16,
-    autocast, CUDA) nothing changes. Both changes are undone on the way out.
+    autocast, CUDA) nothing changes, and both changes are undone on the way out.
 
-    1. PyTorch's own CPU kernels instead of oneDNN's (a process-wide switch): for one token,
-       oneDNN's set-up per call outweighs the work. Both compute the exact (erf) GELU.
-    2. Every weight matrix stored column by column, with the same values and (out, in) shape:
-       a step multiplies one row by each weight's transpose, which PyTorch's CPU matmul reads
-       faster from a contiguous (in, out) copy once the weights have left the cache. The copies
-       hold the weights' memory a second time while decoding.
+    1. PyTorch's own CPU kernels instead of oneDNN's (a process-wide switch), whose set-up per
+       call outweighs one token's work; both compute the exact (erf) GELU.
+    2. Every weight matrix stored column by column (same values and shape): a step multiplies
+       one row by each weight's transpose, read faster from a contiguous (in, out) copy. The
+       copies hold the weights' memory a second time while decoding.
     """
     weights = model.wte.weight
     float32_cpu = (weights.device.type == "cpu" and weights.dtype == torch.float32
@@ -96,37 +95,30 @@ def generate(model: TinyLM, idx: torch.Tensor, max_new_tokens: int, temperature:
     out[:, :T] = idx
     finished = torch.zeros(B, dtype=torch.bool, device=idx.device)
     kv_cache = model.new_kv_cache(B) if use_cache else None
-
-    def context_logits(end: int) -> torch.Tensor:
-        """Logits for the token after out[:, :end], reading its last block_size tokens."""
-        if kv_cache is not None:
-            kv_cache.reset()  # start a fresh window; the buffers are reused
-        return model(out[:, max(0, end - block_size):end], kv_cache=kv_cache).logits[:, -1, :]
-
     with cpu_decoding(model):
-        end = T
-        logits = context_logits(end) if max_new_tokens > 0 else None
-        for step in range(max_new_tokens):
+        for end in range(T, T + max_new_tokens):
+            if end > T and kv_cache is not None and kv_cache.length < block_size:
+                # the cache holds everything before the last token: feed just that one
+                logits = model(out[:, end - 1:end], kv_cache=kv_cache).logits[:, -1, :]
+            else:
+                # The first step, without a cache, or once the window is full: run the last
+                # block_size tokens again from position 0 (a sliding window), so that both paths
+                # keep giving the same tokens however long the text gets.
+                if kv_cache is not None:
+                    kv_cache.reset()  # the buffers are reused
+                window = out[:, max(0, end - block_size):end]
+                logits = model(window, kv_cache=kv_cache).logits[:, -1, :]
             next_id = sample_next(logits, temperature, top_k, top_p, generator)  # (B,)
             if stop_id is not None:
                 next_id = next_id.masked_fill(finished, stop_id)
                 finished |= next_id == stop_id
             out[:, end] = next_id
-            end += 1
             if on_token is not None:
                 on_token(next_id)
             # .all() waits for the device; it is only paid for when there is a stop token
-            if step == max_new_tokens - 1 or (stop_id is not None and bool(finished.all())):
-                break
-            if kv_cache is not None and kv_cache.length < block_size:
-                # the cache holds everything before next_id: feed just the new token
-                logits = model(next_id[:, None], kv_cache=kv_cache).logits[:, -1, :]
-            else:
-                # Without a cache, or once the window is full: run the last block_size tokens
-                # again from position 0 (a sliding window), so that both paths keep giving the
-                # same tokens however long the text gets.
-                logits = context_logits(end)
-        return out[:, :end]
+            if stop_id is not None and bool(finished.all()):
+                return out[:, :end + 1]
+        return out
 
 
 class StreamDecoder:

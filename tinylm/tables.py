@@ -40,23 +40,17 @@ def vector(values: torch.Tensor | Sequence[float], digits: int) -> str:
 
 def table(title: str, values: Any, rows: Sequence[str], cols: Sequence[str], digits: int,
           mark: int | None = None) -> list[str]:
-    """A titled table; numbers share one precision, strings are shown as they are.
-
-    `mark` puts a ">" before that row (the query the walkthrough follows).
-    """
+    """A titled table; numbers share one precision, strings are shown as they are, and row `mark`
+    gets a ">" (the query the walkthrough follows)."""
     cells = [[float(x) if not isinstance(x, str) else x for x in row] for row in
              (values.tolist() if isinstance(values, torch.Tensor) else values)]
     dec = decimals([x for row in cells for x in row if isinstance(x, float)], digits)
     text = [[x if isinstance(x, str) else number(x, dec) for x in row] for row in cells]
-    label_width = max(len(r) for r in rows)
-    widths = [max([len(c)] + [len(row[j]) for row in text]) for j, c in enumerate(cols)]
-    header = "".join(f"  {c:>{w}}" for c, w in zip(cols, widths, strict=True))
-    lines = [title, "  " + " " * label_width + header]
-    for i, (label, row) in enumerate(zip(rows, text, strict=True)):
-        lead = "> " if i == mark else "  "
-        lines.append(lead + f"{label:<{label_width}}" +
-                     "".join(f"  {x:>{w}}" for x, w in zip(row, widths, strict=True)))
-    return lines
+    lines = columns(["", *cols], [[label, *row] for label, row in zip(rows, text, strict=True)],
+                    "<" + ">" * len(cols), indent="  ")
+    if mark is not None:
+        lines[1 + mark] = ">" + lines[1 + mark][1:]
+    return [title, *lines]
 
 
 def side_by_side(blocks: Sequence[list[str]], gap: int = 4) -> list[str]:

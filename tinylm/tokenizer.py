@@ -92,11 +92,8 @@ def _byte_symbols() -> dict[str, int]:
     printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1),
                  *range(ord("®"), ord("ÿ") + 1)]
     table = {chr(b): b for b in printable}
-    shifted = 0
-    for b in range(N_BYTES):
-        if b not in printable:
-            table[chr(N_BYTES + shifted)] = b
-            shifted += 1
+    others = [b for b in range(N_BYTES) if b not in printable]
+    table.update({chr(N_BYTES + n): b for n, b in enumerate(others)})
     return table
 
 

@@ -21,7 +21,6 @@ from tinylm.bench.runs import bench_endtoend, bench_load
 from tinylm.bench.sections import (
     Ratio,
     Section,
-    Timing,
     bench_attention,
     bench_data,
     bench_generate,
@@ -51,44 +50,38 @@ def machine() -> dict:
     return info
 
 
+RUNNERS: dict[str, Callable[[BenchConfig], Section]] = {
+    "attention": bench_attention, "train": bench_train, "generate": bench_generate,
+    "inspect": bench_inspect, "data": bench_data, "load": bench_load, "endtoend": bench_endtoend}
+
+
 def run_bench(cfg: BenchConfig, print_fn: Callable[[str], None] | None = print) -> dict:
     """Run the chosen sections, printing each table as it finishes; return the report (also
     written to cfg.out, whole or not at all, if set)."""
-    timing = Timing(cfg.repeats, cfg.warmup)
-    runners = {
-        "attention": lambda: bench_attention(cfg.attention, timing),
-        "train": lambda: bench_train(cfg.model, cfg.optim, cfg.train, timing),
-        "generate": lambda: bench_generate(cfg.model, cfg.generate, timing),
-        "inspect": lambda: bench_inspect(cfg.model, cfg.inspect, timing),
-        "data": lambda: bench_data(cfg.data, cfg.tokenizer, timing),
-        "load": lambda: bench_load(cfg.model, cfg.optim, cfg.load, timing),
-        "endtoend": lambda: bench_endtoend(cfg.endtoend),
-    }
+    show = print_fn or (lambda text: None)
     report = {"machine": {**machine(), "threads": cfg.threads}, "config": asdict(cfg),
               "sections": {}}
     load, cpus = report["machine"].get("load_average_1m"), report["machine"]["logical_cpus"]
-    if print_fn is not None and load is not None and cpus and load > 0.25 * cpus:
-        print_fn(f"note: load average {load} on {cpus} CPUs before the run: other work is "
-                 "running, so timings will be noisy; trust the ratios more than absolute times\n")
+    if load is not None and cpus and load > 0.25 * cpus:
+        show(f"note: load average {load} on {cpus} CPUs before the run: other work is "
+             "running, so timings will be noisy; trust the ratios more than absolute times\n")
     threads = torch.get_num_threads()
     torch.set_num_threads(cfg.threads)
     try:
         for name in SECTIONS if cfg.section == "all" else (cfg.section,):
             torch.manual_seed(cfg.seed)
             start = time.perf_counter()
-            section = runners[name]()
-            report["sections"][name] = {**section.to_dict(),
+            section = RUNNERS[name](cfg)
+            report["sections"][name] = {**asdict(section),
                                         "seconds": round(time.perf_counter() - start, 1)}
-            if print_fn is not None:
-                print_fn(format_section(section))
+            show(format_section(section))
     finally:
         torch.set_num_threads(threads)
     report["machine"]["load_average_1m_after"] = machine().get("load_average_1m")
     if cfg.out:
         out = Path(cfg.out)
         write_json_atomic(out, report)
-        if print_fn is not None:
-            print_fn(f"report: {out} ({report['machine']['cpu']}, {cfg.threads} threads)")
+        show(f"report: {out} ({report['machine']['cpu']}, {cfg.threads} threads)")
     return report
 
 

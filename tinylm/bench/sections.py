@@ -1,9 +1,8 @@
 """What a benchmark section returns, how it times, and the sections that run in this process.
 
-Each section is a function `bench_<name>(...) -> Section`: attention, generate, inspect and data
-here, train in tinylm.bench.train, load and endtoend in tinylm.bench.runs. Every candidate is
-warmed up, then all are timed in turns, so that load from elsewhere on the machine falls on all
-of them alike; a target is only ever held to a ratio of medians measured side by side.
+Each section is a function `bench_<name>(cfg: BenchConfig) -> Section`. Every candidate is warmed
+up, then all are timed in turns, so that load from elsewhere on the machine falls on all of them
+alike; a target is only ever held to a ratio of medians measured side by side.
 """
 
 from __future__ import annotations
@@ -11,18 +10,17 @@ from __future__ import annotations
 import statistics
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, field, replace
 
 import torch
 from torch import nn
 
 from tinylm.attention import MultiHeadAttention, causal_mask
-from tinylm.bench.config import AttentionBenchConfig, GenerateBenchConfig, InspectBenchConfig
+from tinylm.bench.config import BenchConfig
 from tinylm.corpus import data_root, read_rows, resolve_files
-from tinylm.data import DataConfig
 from tinylm.generate import cpu_decoding, generate
 from tinylm.model import ModelConfig, TinyLM
-from tinylm.tokenizer import TokenizerConfig, train_tokenizer
+from tinylm.tokenizer import train_tokenizer
 
 
 @dataclass
@@ -44,12 +42,13 @@ class Ratio:
     value: float
     target: float | None = None  # None: shown for context, no target
     at_most: bool = False
+    met: bool | None = field(init=False)  # None: no target
 
-    @property
-    def met(self) -> bool | None:
-        if self.target is None:
-            return None
-        return self.value <= self.target if self.at_most else self.value >= self.target
+    def __post_init__(self):
+        if self.target is not None:
+            self.met = self.value <= self.target if self.at_most else self.value >= self.target
+        else:
+            self.met = None
 
 
 @dataclass
@@ -61,35 +60,23 @@ class Section:
     ratios: list[Ratio] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
 
-    def to_dict(self) -> dict:
-        d = asdict(self)
-        for ratio, out in zip(self.ratios, d["ratios"], strict=True):
-            out["met"] = ratio.met
-        return d
 
-
-@dataclass
-class Timing:
-    """How to time: `repeats` timed calls per candidate after `warmup` untimed ones."""
-
-    repeats: int = 5
-    warmup: int = 2
-
-    def run(self, candidates: dict[str, Callable[[], object]],
-            per_call: int = 1) -> dict[str, Row]:
-        """Time the candidates in turns; a Row each, in seconds per call / `per_call`."""
-        for fn in candidates.values():
-            for _ in range(self.warmup):
-                fn()
-        times: dict[str, list[float]] = {name: [] for name in candidates}
-        names = list(candidates)
-        for round_ in range(self.repeats):
-            # the order flips every round, so no candidate always runs right after another
-            for name in names if round_ % 2 == 0 else reversed(names):
-                start = time.perf_counter()
-                candidates[name]()
-                times[name].append((time.perf_counter() - start) / per_call)
-        return {name: Row(name, statistics.median(ts), ts) for name, ts in times.items()}
+def time_turns(candidates: dict[str, Callable[[], object]], repeats: int, warmup: int,
+               per_call: int = 1) -> dict[str, Row]:
+    """`warmup` untimed calls of each candidate, then `repeats` rounds of one timed call each;
+    a Row each, in seconds per call / `per_call`."""
+    for fn in candidates.values():
+        for _ in range(warmup):
+            fn()
+    times: dict[str, list[float]] = {name: [] for name in candidates}
+    names = list(candidates)
+    for round_ in range(repeats):
+        # the order flips every round, so no candidate always runs right after another
+        for name in names if round_ % 2 == 0 else reversed(names):
+            start = time.perf_counter()
+            candidates[name]()
+            times[name].append((time.perf_counter() - start) / per_call)
+    return {name: Row(name, statistics.median(ts), ts) for name, ts in times.items()}
 
 
 def set_tokens_per_s(rows: dict[str, Row], tokens: int) -> None:
@@ -98,29 +85,25 @@ def set_tokens_per_s(rows: dict[str, Row], tokens: int) -> None:
         row.figures["tokens_per_s"] = tokens / row.median_s
 
 
-def bench_attention(cfg: AttentionBenchConfig, timing: Timing) -> Section:
+def bench_attention(cfg: BenchConfig) -> Section:
     """One causal attention layer, fwd + bwd: our two paths and torch nn.MultiheadAttention."""
-    B, T, C = cfg.batch_size, cfg.seq_len, cfg.n_embd
-    ours = MultiHeadAttention(C, cfg.n_head, bias=False)
-    peer = nn.MultiheadAttention(C, cfg.n_head, bias=False, batch_first=True)
+    a = cfg.attention
+    B, T, C = a.batch_size, a.seq_len, a.n_embd
+    ours = MultiHeadAttention(C, a.n_head, bias=False)
+    peer = nn.MultiheadAttention(C, a.n_head, bias=False, batch_first=True)
     x = torch.randn(B, T, C, requires_grad=True)
     mask = causal_mask(T, T)
 
-    def explicit():
-        y, _ = ours(x, need_weights=True)
-        y.sum().backward()
+    def backward(output: tuple[torch.Tensor, torch.Tensor | None]) -> None:
+        output[0].sum().backward()
 
-    def fast():
-        y, _ = ours(x)
-        y.sum().backward()
-
-    def torch_mha():
+    rows = time_turns({
+        "tinylm explicit path": lambda: backward(ours(x, need_weights=True)),
+        "tinylm fast path": lambda: backward(ours(x)),
         # is_causal=True beside the mask lets torch hand the fused kernel is_causal instead
-        y, _ = peer(x, x, x, attn_mask=mask, is_causal=True, need_weights=False)
-        y.sum().backward()
-
-    rows = timing.run({"tinylm explicit path": explicit, "tinylm fast path": fast,
-                       "torch nn.MultiheadAttention": torch_mha})
+        "torch nn.MultiheadAttention": lambda: backward(
+            peer(x, x, x, attn_mask=mask, is_causal=True, need_weights=False)),
+    }, cfg.repeats, cfg.warmup)
     set_tokens_per_s(rows, B * T)
     fast_s, peer_s = rows["tinylm fast path"].median_s, rows["torch nn.MultiheadAttention"].median_s
     return Section(
@@ -128,7 +111,7 @@ def bench_attention(cfg: AttentionBenchConfig, timing: Timing) -> Section:
         [Ratio("speed of the fast path / nn.MultiheadAttention", peer_s / fast_s, 1.0),
          Ratio("time of the explicit path / fast path (the cost of keeping every step)",
                rows["tinylm explicit path"].median_s / fast_s)],
-        [f"B={B} T={T} n_head={cfg.n_head} d_model={C}, fp32, no biases, forward + backward of "
+        [f"B={B} T={T} n_head={a.n_head} d_model={C}, fp32, no biases, forward + backward of "
          "y.sum(); nn.MultiheadAttention(batch_first=True) gets the causal mask with "
          "is_causal=True, need_weights=False"])
 
@@ -151,13 +134,14 @@ def gpt2_like(cfg: ModelConfig, attn_implementation: str) -> nn.Module:
     return GPT2LMHeadModel._from_config(config, attn_implementation=attn_implementation)
 
 
-def bench_generate(model_cfg: ModelConfig, cfg: GenerateBenchConfig, timing: Timing) -> Section:
+def bench_generate(cfg: BenchConfig) -> Section:
     """Greedy batch-1 decoding: ours with and without the KV cache, GPT-2's generate; latency."""
-    shape = replace(model_cfg, block_size=cfg.block_size)
+    g = cfg.generate
+    shape = replace(cfg.model, block_size=g.block_size)
     ours = TinyLM(shape).eval()
     peer = gpt2_like(shape, "sdpa").eval()
-    prompt = torch.randint(0, shape.vocab_size, (1, cfg.prompt_len))
-    n = cfg.new_tokens
+    prompt = torch.randint(0, shape.vocab_size, (1, g.prompt_len))
+    n = g.new_tokens
 
     @torch.inference_mode()
     def peer_generate():
@@ -170,11 +154,11 @@ def bench_generate(model_cfg: ModelConfig, cfg: GenerateBenchConfig, timing: Tim
         "tinylm no cache": lambda: generate(ours, prompt, n, temperature=0.0, use_cache=False),
     }
     for name, fn in candidates.items():  # fewer tokens than asked would flatter a candidate
-        got = fn().size(1) - cfg.prompt_len
+        got = fn().size(1) - g.prompt_len
         if got != n:
             raise RuntimeError(f"{name} generated {got} tokens instead of {n}")
     # that check was the first warm-up (these are the slowest calls of the benchmark)
-    rows = Timing(timing.repeats, max(timing.warmup - 1, 0)).run(candidates)
+    rows = time_turns(candidates, cfg.repeats, max(cfg.warmup - 1, 0))
     set_tokens_per_s(rows, n)
 
     # One cached decoding step (forward of one token + argmax) at two positions: each position's
@@ -188,84 +172,85 @@ def bench_generate(model_cfg: ModelConfig, cfg: GenerateBenchConfig, timing: Tim
 
         @torch.inference_mode()
         def steps():
-            for _ in range(cfg.latency_steps):
+            for _ in range(g.latency_steps):
                 cache.rewind(position)
                 ours(token, kv_cache=cache).logits[:, -1].argmax(-1)
         return steps
 
-    early, late = (f"tinylm step at position {p}" for p in (cfg.early_position,
-                                                            cfg.late_position))
+    early, late = (f"tinylm step at position {p}" for p in (g.early_position, g.late_position))
     with cpu_decoding(ours):  # as generate runs its steps
-        latency = timing.run({early: decode_at(cfg.early_position),
-                              late: decode_at(cfg.late_position)}, per_call=cfg.latency_steps)
+        latency = time_turns({early: decode_at(g.early_position),
+                              late: decode_at(g.late_position)},
+                             cfg.repeats, cfg.warmup, per_call=g.latency_steps)
     set_tokens_per_s(latency, 1)
     return Section(
         "generate", [*rows.values(), *latency.values()],
         [Ratio("tokens/s tinylm KV cache / GPT-2 generate",
                rows["GPT-2 generate"].median_s / rows["tinylm KV cache"].median_s, 2.0),
-         Ratio(f"latency at position {cfg.late_position} / {cfg.early_position}",
+         Ratio(f"latency at position {g.late_position} / {g.early_position}",
                latency[late].median_s / latency[early].median_s, 1.5, at_most=True)],
-        [f"batch 1, greedy, {cfg.prompt_len}-token random prompt, {n} new tokens (prefill "
-         f"included), random weights, block_size={cfg.block_size}, fp32; ours: "
+        [f"batch 1, greedy, {g.prompt_len}-token random prompt, {n} new tokens (prefill "
+         f"included), random weights, block_size={g.block_size}, fp32; ours: "
          "tinylm.generate.generate(temperature=0); GPT-2: generate(do_sample=False, "
          "use_cache=True, min_new_tokens=max_new_tokens), sdpa attention",
          f"step rows: median time of one cached step (forward of 1 token + argmax, set up as "
-         f"generate sets it up: tinylm.generate.cpu_decoding), {cfg.latency_steps} steps per "
+         f"generate sets it up: tinylm.generate.cpu_decoding), {g.latency_steps} steps per "
          "timed call"])
 
 
-def bench_inspect(model_cfg: ModelConfig, cfg: InspectBenchConfig, timing: Timing) -> Section:
+def bench_inspect(cfg: BenchConfig) -> Section:
     """Eval forward returning every layer's attention weights, against the plain forward."""
-    T = cfg.seq_len or model_cfg.block_size
-    model = TinyLM(model_cfg).eval()
-    idx = torch.randint(0, model_cfg.vocab_size, (cfg.batch_size, T))
+    B, T = cfg.inspect.batch_size, cfg.inspect.seq_len or cfg.model.block_size
+    model = TinyLM(cfg.model).eval()
+    idx = torch.randint(0, cfg.model.vocab_size, (B, T))
 
     @torch.inference_mode()
     def forward(return_attention: bool) -> None:
         model(idx, return_attention=return_attention)
 
-    rows = timing.run({"forward": lambda: forward(False),
-                       "forward + attention weights": lambda: forward(True)})
-    set_tokens_per_s(rows, cfg.batch_size * T)
+    rows = time_turns({"forward": lambda: forward(False),
+                       "forward + attention weights": lambda: forward(True)},
+                      cfg.repeats, cfg.warmup)
+    set_tokens_per_s(rows, B * T)
     plain, inspected = rows["forward"], rows["forward + attention weights"]
     return Section(
         "inspect", [plain, inspected],
         [Ratio("time with weights / without", inspected.median_s / plain.median_s, 1.3,
                at_most=True)],
-        [f"B={cfg.batch_size} T={T}, eval, inference_mode, fp32; with weights = "
+        [f"B={B} T={T}, eval, inference_mode, fp32; with weights = "
          "model(idx, return_attention=True): the explicit path in every layer"])
 
 
-def bench_data(data_cfg: DataConfig, tok_cfg: TokenizerConfig, timing: Timing) -> Section:
+def bench_data(cfg: BenchConfig) -> Section:
     """Tokenizer training and encoding throughput (MB/s of UTF-8 text) on the local corpus."""
-    if data_cfg.source != "local":
-        raise ValueError(f"data.source={data_cfg.source!r}: the data section reads local files "
+    data, tok = cfg.data, cfg.tokenizer
+    if data.source != "local":
+        raise ValueError(f"data.source={data.source!r}: the data section reads local files "
                          "only; use data.source=local")
-    root, why = data_root(data_cfg.data_root)
-    errors = "replace" if data_cfg.on_decode_error == "replace" else "strict"
-    files = resolve_files(root, data_cfg.files, data_cfg.name, why)
+    root, why = data_root(data.data_root)
+    errors = "replace" if data.on_decode_error == "replace" else "strict"
+    files = resolve_files(root, data.files, data.name, why)
     # rows cut as tinylm-prepare cuts them
-    texts = [row for path in files for row in read_rows(path, data_cfg.sample_by, errors)]
-    text = data_cfg.joiner.join(texts)
+    texts = [row for path in files for row in read_rows(path, data.sample_by, errors)]
+    text = data.joiner.join(texts)
     megabytes = len(text.encode("utf-8")) / 1e6
     # no progress bars: they would clutter the tables and be drawn inside the timed calls
-    tokenizer = train_tokenizer(tok_cfg, texts, show_progress=False)
+    tokenizer = train_tokenizer(tok, texts, show_progress=False)
     n_tokens = len(tokenizer.encode(text))
 
-    rows = timing.run({
-        f"{tok_cfg.name} tokenizer training":
-            lambda: train_tokenizer(tok_cfg, texts, show_progress=False),
+    rows = time_turns({
+        f"{tok.name} tokenizer training": lambda: train_tokenizer(tok, texts, show_progress=False),
         "encode_batch (rows, as tinylm-prepare)": lambda: tokenizer.encode_batch(texts),
         "encode (one string)": lambda: tokenizer.encode(text),
-    })
+    }, cfg.repeats, cfg.warmup)
     for row in rows.values():
         row.figures["mb_per_s"] = megabytes / row.median_s
         if row.name.startswith("encode"):
             row.figures["tokens_per_s"] = n_tokens / row.median_s
     return Section(
         "data", list(rows.values()), [],
-        [f"{megabytes:.2f} MB of text in {len(texts)} {data_cfg.row_unit}s from "
-         f"{', '.join(f.name for f in files)}; tokenizer={tok_cfg.name} "
+        [f"{megabytes:.2f} MB of text in {len(texts)} {data.row_unit}s from "
+         f"{', '.join(f.name for f in files)}; tokenizer={tok.name} "
          f"vocab_size={tokenizer.vocab_size}; {n_tokens} tokens "
          f"({len(text) / n_tokens:.2f} characters per token); HF tokenizers picks its own "
          "threads"])

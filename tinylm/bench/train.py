@@ -11,8 +11,8 @@ from dataclasses import replace
 import torch
 from torch import nn
 
-from tinylm.bench.config import TrainBenchConfig
-from tinylm.bench.sections import Ratio, Row, Section, Timing, gpt2_like
+from tinylm.bench.config import BenchConfig
+from tinylm.bench.sections import Ratio, Row, Section, gpt2_like, time_turns
 from tinylm.device import has_fast_bf16
 from tinylm.model import ModelConfig, TinyLM
 from tinylm.train.optim import OptimConfig, configure_optimizer
@@ -65,11 +65,11 @@ def model_matmuls(model_cfg: ModelConfig, rows: int, dtype: torch.dtype
     return run, sum(2 * rows * k * n for k, n in shapes)
 
 
-def bench_train(model_cfg: ModelConfig, optim: OptimConfig, cfg: TrainBenchConfig,
-                timing: Timing) -> Section:
+def bench_train(cfg: BenchConfig) -> Section:
     """Training steps: tokens/s and MFU of ours and of GPT-2 (sdpa, eager), fp32 and bf16,
-    eager and (cfg.compile) compiled; bf16 only where the CPU multiplies it in hardware."""
-    B, T = cfg.batch_size, model_cfg.block_size
+    eager and (train.compile) compiled; bf16 only where the CPU multiplies it in hardware."""
+    model_cfg, optim = cfg.model, cfg.optim
+    B, T = cfg.train.batch_size, model_cfg.block_size
     # emulated bf16 runs a matmul ~80x slower than fp32, and train.precision=auto avoids it
     fast_bf16 = has_fast_bf16(torch.device("cpu"))
     precisions = {p: dtype for p, dtype in PRECISION.items() if fast_bf16 or p == "fp32"}
@@ -86,7 +86,7 @@ def bench_train(model_cfg: ModelConfig, optim: OptimConfig, cfg: TrainBenchConfi
     notes = [] if fast_bf16 else [
         "bf16 not timed: this CPU has no bf16 instructions (AVX512-BF16 or AMX), so PyTorch "
         "emulates it, far slower than fp32; train.precision=auto trains in fp32 here"]
-    if cfg.compile:  # in the faster precision only: each compile takes ~25 s
+    if cfg.train.compile:  # in the faster precision only: each compile takes ~25 s
         compiled = {f"{name} {compiled_precision} compiled": (name, compiled_precision, True)
                     for name in models}
         try:
@@ -99,13 +99,13 @@ def bench_train(model_cfg: ModelConfig, optim: OptimConfig, cfg: TrainBenchConfi
                          "model is timed compiled; train.compile=false skips the attempt")
     # The matmul rates are timed in the same rounds, so they see the same load as the models:
     # a large square (the machine's peak) and the model's own shapes (what it can reach).
-    n = cfg.peak_size
+    n = cfg.train.peak_size
     shapes_name = f"matmuls of the model's shapes, {B * T} rows"
     for p, dtype in precisions.items():
         a, b = torch.randn(n, n).to(dtype), torch.randn(n, n).to(dtype)
         candidates[f"matmul {n}x{n} {p}"] = lambda a=a, b=b: a @ b
         candidates[f"{shapes_name} {p}"], shape_flops = model_matmuls(model_cfg, B * T, dtype)
-    rows = timing.run(candidates)
+    rows = time_turns(candidates, cfg.repeats, cfg.warmup)
 
     peaks = {p: 2 * n**3 / rows[f"matmul {n}x{n} {p}"].median_s for p in precisions}
     shape_rates = {p: shape_flops / rows[f"{shapes_name} {p}"].median_s for p in precisions}

@@ -1,14 +1,13 @@
 """Where each head looks: capture every layer's attention over a text, map tokens to words, and
-read each pronoun from the two positions where the model meets it.
+read each pronoun from the token before it ("deciding": its logits choose the pronoun, so a name's
+gender has to arrive there) and from the pronoun itself ("resolving").
 
     capture = capture_attention(model, tokenizer, "Lily and Tom went to the park. She")
     capture.weights.shape      # (n_layer, n_head, T, T), each row sums to 1
     read_pronouns(capture)     # every head's most-attended earlier words, per pronoun
 
 Attention *to* a word sums the weights of its sub-word tokens; attention *from* a word averages
-its tokens' rows. A pronoun is read "deciding", from the token before it (whose logits predict
-the pronoun, so that is where a name's gender has to arrive), and "resolving", from the pronoun
-itself (where the model looks once it has read it).
+its tokens' rows.
 """
 
 from __future__ import annotations
@@ -66,19 +65,13 @@ def find_words(text: str) -> list[tuple[int, int]]:
 
 def word_at(word_spans: Sequence[tuple[int, int]], char: int) -> int | None:
     """Index of the word starting exactly at character `char`, else None."""
-    for i, (start, _) in enumerate(word_spans):
-        if start == char:
-            return i
-    return None
+    return next((i for i, (start, _) in enumerate(word_spans) if start == char), None)
 
 
 def token_word_index(offsets: Sequence[tuple[int, int]],
                      word_spans: Sequence[tuple[int, int]], text_len: int) -> list[int]:
-    """For each token, the index of the word its characters belong to (-1: none).
-
-    Byte-level tokens often carry the space before a word (" Lily"), so a token is matched by
-    the first word character it covers, not by its start.
-    """
+    """For each token, the index of the word its characters belong to (-1: none); matched by the
+    first word character it covers, since byte-level tokens often carry a space (" Lily")."""
     char_word = np.full(text_len + 1, -1, dtype=np.int64)
     for i, (start, end) in enumerate(word_spans):
         char_word[start:end] = i
@@ -150,11 +143,9 @@ def token_window(tokenizer, text: str, block_size: int, keep: str = "first"
 
 @torch.inference_mode()
 def capture_attention(model, tokenizer, text: str, keep: str = "first") -> AttentionCapture:
-    """One forward pass over `text` with every layer's attention weights kept.
-
-    A text longer than block_size is cut to its first (keep="first") or last ("last") block_size
-    tokens. After generation "first" is right: it is the attention the model wrote those with.
-    """
+    """One forward pass over `text` with every layer's attention weights kept; a longer text than
+    block_size is cut to its first or last block_size tokens (`keep`; after generation "first" is
+    the attention the model wrote them with)."""
     ids, offsets, start, n = token_window(tokenizer, text, model.config.block_size, keep)
     device = next(model.parameters()).device
     out = model(torch.tensor([ids], dtype=torch.long, device=device), return_attention=True)
@@ -164,8 +155,6 @@ def capture_attention(model, tokenizer, text: str, keep: str = "first") -> Atten
                             word_spans, token_word_index(offsets, word_spans, len(text)),
                             start, n)
 
-
-# ------------------------------------------------------------------------------ pronouns
 
 # The two query positions a pronoun is read from, in the order they are shown.
 QUERY_POSITIONS = {

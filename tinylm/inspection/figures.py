@@ -76,11 +76,8 @@ def _heatmap(ax, weights: np.ndarray, tokens: Sequence[str], max_labels: int, fo
 
 def attention_grid_figure(weights: np.ndarray, tokens: Sequence[str], title: str = "",
                           max_labels: int = 32, highlight: Sequence[int] = ()) -> Figure:
-    """All heads of one layer, weights (n_head, T, T), as a grid of small labelled heatmaps.
-
-    More than `max_labels` tokens: 1 token in k is labelled (the title says k); `highlight`
-    positions (e.g. pronouns) are always labelled, in red.
-    """
+    """All heads of one layer, weights (n_head, T, T), as a grid of small labelled heatmaps; past
+    `max_labels` tokens 1 in k is labelled, and `highlight` positions always are, in red."""
     return _attention_grid(weights, tokens, title, max_labels, highlight)[0]
 
 
@@ -129,16 +126,12 @@ def _attention_grid(weights: np.ndarray, tokens: Sequence[str], title: str, max_
 
 
 class AttentionGridImages:
-    """attention_grid_figure as RGB images for many weights over one token list (every layer at
-    every evaluation of a run), drawing only what changes.
+    """attention_grid_figure as RGB images for many weights over one token list, drawing only what
+    changes: `AttentionGridImages(tokens)(weights, title)` -> (H, W, 3).
 
-        grids = AttentionGridImages(tokens)
-        image = grids(weights, "layer 0, step 250")   # weights (n_head, T, T) -> (H, W, 3)
-
-    Tick labels, head titles and the colour bar take most of a draw and never change: the first
-    call draws the figure without the heatmaps, their frames and the title as a background; each
-    call pastes it and draws just those, in a whole draw's order, giving the pixels of a fresh
-    figure_to_image(attention_grid_figure(...)) in a fraction of the time.
+    Tick labels, head titles and the colour bar never change, so the first call draws them once
+    as a background; each call pastes it and draws the heatmaps, their frames and the title in a
+    whole draw's order: the pixels of figure_to_image(attention_grid_figure(...)), much faster.
     """
 
     def __init__(self, tokens: Sequence[str], max_labels: int = 32,
@@ -199,12 +192,9 @@ def attention_head_figure(weights: np.ndarray, tokens: Sequence[str], title: str
 
 def pronoun_bar_figure(panels: dict[str, Sequence[Sequence[Sequence[tuple[str, float]]]]],
                        title: str = "", names: Collection[str] = ()) -> Figure:
-    """Bar charts for one pronoun, one panel per query position (e.g. deciding, resolving), side
-    by side: panels[label][layer][head] = [(word, weight), ...], best first.
-
-    One group of bars per head (layer 0 head 0 at the top), one bar per earlier word the head's
-    attention goes to most, labelled with the word; `names` are drawn orange.
-    """
+    """Bar charts for one pronoun, a panel per query position: panels[label][layer][head] =
+    [(word, weight), ...], best first; a group of bars per head (layer 0 head 0 on top), `names`
+    drawn orange."""
     panels = {label: [(layer, head, words) for layer, row in enumerate(top_words)
                       for head, words in enumerate(row)] for label, top_words in panels.items()}
     if not panels or not all(panels.values()):

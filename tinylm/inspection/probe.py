@@ -1,12 +1,7 @@
-"""tinylm-probe's scores, on items read by probe_items.py: which heads follow a pronoun to its
-antecedent (attention items: does the head attend more to the antecedent than to the
-distractor?), whether the model knows a name's pronoun (agreement items: the margin
-log P(pronoun as written) - log P(wrong pronoun), as whole words), and which heads that needs
-(ablation: each head zeroed in turn through the model's head_mask).
-
-Both kinds are also read at the deciding position, the token before the pronoun where a causal
-model chooses it: each head's attention from there to the name, and whether that attention
-predicts the model's own choice between the two pronouns.
+"""tinylm-probe's scores on the items of probe_items.py: which heads follow a pronoun to its
+antecedent (attention items), whether the model prefers a name's pronoun to the wrong one as whole
+words (agreement items), which heads that needs (ablation through head_mask), and each head's
+attention at the deciding position, the token before the pronoun where a causal model chooses it.
 
     report = probe(model, tokenizer, items, ablate=True)    # a JSON-ready dict
     print("\n".join(format_report(report, n_layer, n_head)))
@@ -49,8 +44,6 @@ def probe_files(probe_file: list[str] | None) -> list[Path]:
         return [Path(p) for p in probe_file]
     return [shipped_probe(name) for name in SHIPPED_PROBES]
 
-
-# ------------------------------------------------------------------------------ attention scoring
 
 def baselines(items: list[ProbeItem]) -> dict[str, float]:
     """Accuracy of always choosing the character mentioned nearest before the pronoun, or the one
@@ -109,16 +102,12 @@ def mention_attention(model, encoded: list[EncodedAttentionItem], batch_size: in
     return np.stack(antecedent), np.stack(distractor)
 
 
-# ------------------------------------------------------------------------------------- agreement
-
 @torch.inference_mode()
 def word_log_probs(model, sequences: list[list[int]], n_context: list[int],
                    new_word: torch.Tensor, head_mask: torch.Tensor | None = None,
                    batch_size: int = 64) -> torch.Tensor:
-    """log P(word | context) for each sequence (S,); the word is sequence[n_context:].
-
-    Chain rule over the word's tokens, plus log P(the next token starts a new word).
-    """
+    """log P(word | context) for each sequence (S,), the word being sequence[n_context:]: the
+    chain rule over its tokens, plus log P(the next token starts a new word)."""
     device = next(model.parameters()).device
     new_word = new_word.to(device)
     if head_mask is not None:
@@ -159,10 +148,8 @@ def agreement_margins(model, encoded: list[EncodedAgreementItem], new_word: torc
 
 def ablate_heads(model, encoded: list[EncodedAgreementItem], new_word: torch.Tensor,
                  batch_size: int = 64, base: torch.Tensor | None = None) -> list[dict]:
-    """Zero each head in turn; its agreement mean margin and accuracy, and their changes.
-
-    `base`: the margins with every head on, if already computed.
-    """
+    """Zero each head in turn; its agreement mean margin and accuracy, and their changes from
+    `base` (the margins with every head on; computed when None)."""
     c = model.config
     if base is None:
         base = agreement_margins(model, encoded, new_word, None, batch_size)
@@ -180,8 +167,6 @@ def ablate_heads(model, encoded: list[EncodedAgreementItem], new_word: torch.Ten
             })
     return entries
 
-
-# ---------------------------------------------------------------------------- the deciding position
 
 def head_entries(values: dict[str, np.ndarray]) -> list[dict]:
     """[{layer, head, <key>: value, ...}] from (L, nh) arrays; NaN becomes None (JSON null)."""
@@ -226,11 +211,8 @@ def prediction_match(attention_difference: np.ndarray, preference: np.ndarray
 
 
 def evidence(attention: list[dict], ablation: list[dict]) -> list[dict]:
-    """Per head: deciding attention to the name beside the margin change when it is zeroed.
-
-    A head `agrees` when both single it out: attention to the name at least OVER_MEDIAN times the
-    median head's, and zeroing it costs at least MIN_MARGIN_LOSS nats of mean margin.
-    """
+    """Per head: deciding attention to the name beside the margin change when it is zeroed; it
+    `agrees` when both single it out (OVER_MEDIAN, MIN_MARGIN_LOSS)."""
     delta = {(e["layer"], e["head"]): e["delta_mean_margin"] for e in ablation}
     typical = float(np.median([a["mean_attention"] for a in attention]))
     rows = []
@@ -266,8 +248,6 @@ def deciding_report(model, enc_names: list[EncodedAttentionItem],
         result["prediction_match"] = head_entries({"match": match, "correlation": correlation})
     return result
 
-
-# --------------------------------------------------------------------------------- the whole run
 
 def probe(model, tokenizer, items: list[ProbeItem], ablate: bool = False, batch_size: int = 64
           ) -> dict:
@@ -324,8 +304,6 @@ def probe(model, tokenizer, items: list[ProbeItem], ablate: bool = False, batch_
     return report
 
 
-# ------------------------------------------------------------------- during training (tinylm.train)
-
 def shipped_name_items(tokenizer, block_size: int) -> list[EncodedAttentionItem]:
     """The shipped agreement items as tokens, for deciding_name_attention; an item this tokenizer
     or context cannot read is left out (training goes on without it)."""
@@ -344,8 +322,6 @@ def deciding_name_attention(model, encoded: list[EncodedAttentionItem], batch_si
     to_name, _ = mention_attention(model, encoded, batch_size, "deciding")
     return to_name.mean(axis=0)
 
-
-# ------------------------------------------------------------------------- the report, shown
 
 def _grid(entries: list[dict], key: str, n_layer: int, n_head: int) -> np.ndarray:
     """(n_layer, n_head): each entry's `key` at its layer and head; NaN where it has none."""
@@ -425,15 +401,13 @@ def format_report(report: dict, n_layer: int, n_head: int, top_heads: int = 5) -
     prediction match), then the resolving head accuracy table, baselines, agreement, ablation."""
     lines = format_deciding(report, n_layer, n_head, top_heads) if report["deciding"] else []
     if report["heads"]:
-        grid = _grid(report["heads"], "accuracy", n_layer, n_head)
         best = report["best"]
         lines += [f"resolving: {report['n']} two-character items; accuracy = share of items on "
                   "which the head's attention",
                   "from the pronoun goes more to the antecedent than to the distractor (* = best)"]
-        lines += layer_head_lines(
-            {(layer, h): f"{grid[layer, h]:.2f}" for layer in range(n_layer)
-             for h in range(n_head)},
-            n_layer, n_head, (best["layer"], best["head"]))
+        lines += layer_head_lines({(e["layer"], e["head"]): f"{e['accuracy']:.2f}"
+                                   for e in report["heads"]},
+                                  n_layer, n_head, (best["layer"], best["head"]))
         b = report["baselines"]
         lines.append(f"best head: layer {best['layer']} head {best['head']}, accuracy "
                      f"{best['accuracy']:.2f}; baselines: nearest mention "

@@ -50,26 +50,11 @@ class ProbeItem:
     @property
     def pronoun(self) -> str:
         """The pronoun as written in the text."""
-        return self.text[self.pronoun_char:_word_end(self.text, self.pronoun_char)]
+        return next(self.text[s:end] for s, end in find_words(self.text) if s == self.pronoun_char)
 
     def error(self, message: str) -> ProbeFileError:
         """An error about this item, naming its file and line."""
         return ProbeFileError(f"{self.source}: {message}")
-
-
-# ----------------------------------------------------------------------------- reading probe files
-
-def _word_end(text: str, start: int) -> int:
-    return next(end for s, end in find_words(text) if s == start)
-
-
-def _offsets(obj: dict, key: str, where: str) -> list[int]:
-    value = obj.get(key)
-    if (not isinstance(value, list) or not value
-            or not all(isinstance(c, int) and not isinstance(c, bool) for c in value)):
-        raise ProbeFileError(f"{where}: {key} must be a non-empty list of character offsets, "
-                             f"got {value!r}")
-    return value
 
 
 def parse_item(obj, where: str) -> ProbeItem:
@@ -106,7 +91,11 @@ def parse_item(obj, where: str) -> ProbeItem:
     mentions: dict[str, list[int]] = {}
     seen: dict[int, str] = {}
     for role, key in kinds.items():
-        mentions[role] = _offsets(obj, key, where)
+        mentions[role] = value = obj.get(key)
+        if (not isinstance(value, list) or not value
+                or not all(isinstance(c, int) and not isinstance(c, bool) for c in value)):
+            raise ProbeFileError(f"{where}: {key} must be a non-empty list of character offsets, "
+                                 f"got {value!r}")
         for i, char in enumerate(mentions[role]):
             word_starting(f"{key}[{i}]", char)
             if char >= p:
@@ -167,8 +156,6 @@ def shipped_probe(name: str) -> Path:
     """A shipped probe set: data/probes/<name> (an installed wheel: tinylm/probes/<name>)."""
     return shipped_dir("data/probes", "probes") / name
 
-
-# ------------------------------------------------------------------------------- items as tokens
 
 @dataclass
 class EncodedAttentionItem:

@@ -1,13 +1,10 @@
 """Attention step by step, as text and heatmaps: what tinylm-explain prints and draws.
 
-tinylm.attention computes every number (`attention_steps`, `unshifted_exps`, `value_terms`,
-MultiHeadAttention); this module runs it stage by stage, arranges and labels the numbers, and
-checks them against the module's or the model's own forward pass. docs/attention.md reads the
-worked example.
+tinylm.attention computes every number; this module runs it stage by stage, labels the numbers
+and checks them against the module's or the model's own forward pass (docs/attention.md).
 
-    q = torch.tensor([[1.0, 0.0], [0.0, 1.0]])
-    explain_qkv(q, q, q, "K = V = Q", causal=True).text   # every step, with the causal mask
-    explain_multi_head(n_head=2).text                      # split into heads, concatenate, project
+    explain_given_qkv({"q": [[1, 0], [0, 1]]}, causal=True).text   # every step, causal mask
+    explain_given_multi_head({}, n_head=2).text                     # split, attend, concatenate
     explain_model_head(model, tokenizer, "Lily saw a cat. She", layer=1, query="She")
 """
 
@@ -34,8 +31,6 @@ from tinylm.tables import MAX_WIDTH, paragraph, side_by_side, table, vector
 EXAMPLE_Q = [[1.0, 0.0], [0.0, 1.0], [1.0, 1.0]]
 EXAMPLE_V = [[1.0, 0.0], [0.0, 2.0], [1.0, 1.0]]
 QKV_FILE_KEYS = ("q", "k", "v", "x")
-
-# ----------------------------------------------------------------------------- inputs
 
 
 def to_matrix(name: str, value: Any) -> torch.Tensor:
@@ -65,16 +60,6 @@ def to_matrix(name: str, value: Any) -> torch.Tensor:
     return torch.tensor(rows)
 
 
-def check_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
-    """Raise a clear error unless q (T_q, d), k (T_k, d), v (T_k, d_v) fit together."""
-    if q.size(1) != k.size(1):
-        raise ValueError(f"q rows have {q.size(1)} numbers but k rows have {k.size(1)}: each "
-                         "query is dotted with each key, so q and k need the same width d")
-    if k.size(0) != v.size(0):
-        raise ValueError(f"k has {k.size(0)} rows (tokens) but v has {v.size(0)}: each key needs "
-                         "exactly one value")
-
-
 def read_qkv_file(path: str) -> dict[str, Any]:
     """Read a JSON or YAML file that maps some of q, k, v, x to lists of rows."""
     file = Path(path)
@@ -96,10 +81,8 @@ def read_qkv_file(path: str) -> dict[str, Any]:
 
 def resolve_query(query: int | str | None, labels: Sequence[str], default: int,
                   what: str = "queries") -> tuple[int, str]:
-    """The row index `query` names (an index, negative from the end, or a token's text).
-
-    Returns (index, note); the note says when a word occurs more than once.
-    """
+    """(index, note): the row `query` names (an index, negative from the end, or a token's text);
+    the note says when that word occurs more than once."""
     n = len(labels)
     if query is None:
         return default % n, ""
@@ -122,9 +105,6 @@ def resolve_query(query: int | str | None, labels: Sequence[str], default: int,
     return matches[0], note
 
 
-# ----------------------------------------------------------------------------- attention, in stages
-
-
 class MultiHeadWalk(NamedTuple):
     """Each stage of MultiHeadAttention's forward pass on one sequence x (T, C)."""
 
@@ -143,12 +123,8 @@ def multi_head_walk(attn: MultiHeadAttention, x: torch.Tensor) -> MultiHeadWalk:
     q, k, v = attn.project_heads(x[None])  # (1, nh, T, hs) each
     steps = attention_steps(q[0], k[0], v[0], is_causal=True)  # every head at once
     concat = steps.output.transpose(0, 1).reshape(T, C)  # (nh, T, hs) -> (T, nh*hs)
-    output = attn.out_proj(concat)
-
-    def joined(t: torch.Tensor) -> torch.Tensor:
-        return t[0].transpose(0, 1).reshape(T, C)
-
-    return MultiHeadWalk(joined(q), joined(k), joined(v), steps, concat, output)
+    q, k, v = (t[0].transpose(0, 1).reshape(T, C) for t in (q, k, v))  # heads side by side
+    return MultiHeadWalk(q, k, v, steps, concat, attn.out_proj(concat))
 
 
 def example_attention(d_model: int, n_head: int, seed: int, n_tokens: int = 3
@@ -168,12 +144,9 @@ def example_attention(d_model: int, n_head: int, seed: int, n_tokens: int = 3
 @torch.no_grad()
 def model_head_steps(model, idx: torch.Tensor, layer: int, head: int
                      ) -> tuple[AttentionSteps, torch.Tensor, torch.Tensor]:
-    """One head's attention steps inside a TinyLM on token ids idx (T,).
-
-    Captures the input of blocks[layer].attn (the normed residual stream) during a normal forward
-    pass and recomputes that head; returns (steps, the head's v (T, hs), the weights the model
-    itself returned for that head (T, T)) so callers can check they agree.
-    """
+    """One head's attention steps inside a TinyLM on token ids idx (T,), recomputed from the input
+    of blocks[layer].attn captured in a normal forward pass: (steps, the head's v (T, hs), the
+    weights the model itself returned for that head (T, T)), so callers can check they agree."""
     attn = model.blocks[layer].attn
     captured = []
     hook = attn.register_forward_pre_hook(lambda module, args: captured.append(args[0]))
@@ -184,9 +157,6 @@ def model_head_steps(model, idx: torch.Tensor, layer: int, head: int
     q, k, v = attn.project_heads(captured[0])  # (1, nh, T, hs)
     steps = attention_steps(q[0, head], k[0, head], v[0, head], is_causal=True)
     return steps, v[0, head], out.attentions[layer][0, head]
-
-
-# ----------------------------------------------------------------------------- tables
 
 
 def _labels(prefix: str, n: int) -> list[str]:
@@ -221,10 +191,8 @@ def steps_tables(steps: AttentionSteps, d: int, q_rows: list[str], k_cols: list[
 def query_walk(steps: AttentionSteps, i: int, v: torch.Tensor, q_label: str,
                k_labels: Sequence[str], digits: int, top: int | None = None,
                explainer_note: bool = False) -> list[str]:
-    """Query i's walk through the steps, one row per key it can see (as docs/attention.md reads it).
-
-    With `top`, only the keys with the largest weights are listed, and the lines say so.
-    """
+    """Query i's walk through the steps, one row per key it can see (as docs/attention.md reads
+    it); with `top`, only the keys with the largest weights, and the lines say so."""
     visible = [j for j in range(len(k_labels)) if math.isfinite(float(steps.masked[i, j]))]
     shown = visible
     if top is not None and len(visible) > top:
@@ -296,9 +264,6 @@ def weights_overview(weights: torch.Tensor, tokens: Sequence[str], digits: int, 
     return lines
 
 
-# ----------------------------------------------------------------------------- the three modes
-
-
 class Panel(NamedTuple):
     """One heatmap of a figure: a (T_q, T_k) matrix with its labels; NaN/-inf cells are blank."""
 
@@ -325,11 +290,31 @@ def _weight_panels(steps: AttentionSteps, rows: list[str], cols: list[str], pref
             Panel(f"{prefix}weights", blank_hidden, rows, cols, weights=True)]
 
 
-def explain_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, intro: str,
-                causal: bool = False, query: int | str | None = None, digits: int = 4
-                ) -> Explanation:
-    """Scaled dot-product attention on q (T_q, d), k (T_k, d), v (T_k, d_v), step by step,
-    following row `query`; `intro` says whose numbers these are."""
+def explain_given_qkv(given: dict, causal: bool = False, query: int | str | None = None,
+                      digits: int = 4, d_model: int | None = None) -> Explanation:
+    """tinylm-explain's single-head mode: scaled dot-product attention step by step, following
+    row `query`, on the q (T_q, d), k (T_k, d), v (T_k, d_v) that `given` holds (K = Q and V = K
+    where missing), or on the worked example; d_model and x (n_head mode) are refused."""
+    if given.get("x") is not None or d_model is not None:
+        raise ValueError("x and d_model are for multi-head mode; add n_head=<heads>")
+    if given.get("q") is None:
+        if given.get("k") is not None or given.get("v") is not None:
+            raise ValueError("k or v were given without q; give q too")
+        intro = "The explainer's worked example: 3 tokens, d = 2, K = Q."
+        given = {"q": EXAMPLE_Q, "v": EXAMPLE_V}
+    else:
+        intro = ("Your Q, K, V" + ("  (K = Q: k not given)" if given.get("k") is None else "")
+                 + ("  (V = K: v not given)" if given.get("v") is None else ""))
+    q = to_matrix("q", given["q"])
+    k = to_matrix("k", given["k"]) if given.get("k") is not None else q
+    v = to_matrix("v", given["v"]) if given.get("v") is not None else k
+    if q.size(1) != k.size(1):
+        raise ValueError(f"q rows have {q.size(1)} numbers but k rows have {k.size(1)}: each "
+                         "query is dotted with each key, so q and k need the same width d")
+    if k.size(0) != v.size(0):
+        raise ValueError(f"k has {k.size(0)} rows (tokens) but v has {v.size(0)}: each key needs "
+                         "exactly one value")
+
     q_rows, k_cols = _labels("q", q.size(0)), _labels("k", k.size(0))
     i, note = resolve_query(query, q_rows, default=0)
 
@@ -365,34 +350,21 @@ def explain_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, intro: str,
                        _weight_panels(steps, q_rows, k_cols, masked=" (masked)" if causal else ""))
 
 
-def explain_given_qkv(given: dict, causal: bool = False, query: int | str | None = None,
-                      digits: int = 4, d_model: int | None = None) -> Explanation:
-    """tinylm-explain's single-head mode: the q, k, v that `given` holds (K = Q and V = K where
-    missing), or the worked example; d_model and x, which belong to n_head mode, are refused."""
-    if given.get("x") is not None or d_model is not None:
-        raise ValueError("x and d_model are for multi-head mode; add n_head=<heads>")
-    if given.get("q") is None:
-        if given.get("k") is not None or given.get("v") is not None:
-            raise ValueError("k or v were given without q; give q too")
-        intro = "The explainer's worked example: 3 tokens, d = 2, K = Q."
-        given = {"q": EXAMPLE_Q, "v": EXAMPLE_V}
-    else:
-        intro = ("Your Q, K, V" + ("  (K = Q: k not given)" if given.get("k") is None else "")
-                 + ("  (V = K: v not given)" if given.get("v") is None else ""))
-    q = to_matrix("q", given["q"])
-    k = to_matrix("k", given["k"]) if given.get("k") is not None else q
-    v = to_matrix("v", given["v"]) if given.get("v") is not None else k
-    check_qkv(q, k, v)
-    return explain_qkv(q, k, v, intro, causal, query, digits)
-
-
-def explain_multi_head(n_head: int, x: torch.Tensor | None = None, d_model: int | None = None,
-                       seed: int = 0, digits: int = 4) -> Explanation:
-    """MultiHeadAttention step by step: project, split into heads, attend, concatenate, project.
-
-    x: the input (T, d_model); default 3 random rows of width d_model (or 4). The module's
-    weights are random with `seed`, rounded so the printed numbers are the ones used.
-    """
+def explain_given_multi_head(given: dict, n_head: int, d_model: int | None = None,
+                             seed: int = 0, digits: int = 4,
+                             query: int | str | None = None) -> Explanation:
+    """tinylm-explain's n_head mode: MultiHeadAttention step by step (project, split into heads,
+    attend, concatenate, project) on the x (T, d_model) that `given` holds, or on 3 random rows of
+    width d_model (or 4), with weights random with `seed` and rounded so the printed numbers are
+    the ones used; q, k, v and query belong to the other modes and are refused."""
+    unused = [name for name in ("q", "k", "v") if given.get(name) is not None]
+    if unused:
+        raise ValueError(f"n_head mode projects Q, K, V from x; give x=[[...]] instead of "
+                         f"{', '.join(unused)}")
+    if query is not None:
+        raise ValueError("query picks the row to follow in the single-head and checkpoint modes; "
+                         "n_head mode shows every row")
+    x = to_matrix("x", given["x"]) if given.get("x") is not None else None
     if x is not None and d_model is not None and d_model != x.size(1):
         raise ValueError(f"d_model={d_model} but x rows have {x.size(1)} numbers; "
                          "drop d_model or make them agree")
@@ -450,22 +422,6 @@ def explain_multi_head(n_head: int, x: torch.Tensor | None = None, d_model: int 
     lines += ["", f"Check: MultiHeadAttention.forward(x) gives the same output (max difference "
               f"{diff_y:.1e}) and weights (max difference {diff_w:.1e})."]
     return Explanation("\n".join(lines), f"multi-head attention, {n_head} heads", panels)
-
-
-def explain_given_multi_head(given: dict, n_head: int, d_model: int | None = None,
-                             seed: int = 0, digits: int = 4,
-                             query: int | str | None = None) -> Explanation:
-    """tinylm-explain's n_head mode: MultiHeadAttention on the x that `given` holds, or on random
-    rows; q, k, v and query, which belong to the other modes, are refused."""
-    unused = [name for name in ("q", "k", "v") if given.get(name) is not None]
-    if unused:
-        raise ValueError(f"n_head mode projects Q, K, V from x; give x=[[...]] instead of "
-                         f"{', '.join(unused)}")
-    if query is not None:
-        raise ValueError("query picks the row to follow in the single-head and checkpoint modes; "
-                         "n_head mode shows every row")
-    x = to_matrix("x", given["x"]) if given.get("x") is not None else None
-    return explain_multi_head(n_head, x, d_model, seed, digits)
 
 
 def explain_model_head(model, tokenizer, text: str, layer: int = 0, head: int = 0,

@@ -2,10 +2,10 @@
 
 Drawing takes longer than dozens of training steps, and a thread would hold the GIL the loop
 needs. An extra is a module-level function (the helper imports it by name) that takes plain data
-and the step and returns serialized TensorBoard `Summary` protos; the helper imports no torch.
+and the step and returns serialized TensorBoard `Summary` protos.
 
-    extras = Extras()                                         # the helper starts at the first job,
-    extras.start(lay_out_attention_grid, tokens, n_head)      # or now, laying a figure out
+    extras = Extras()                                         # the helper starts at the first job
+    extras.start(lay_out_attention_grid, tokens, n_head)      # now, laying a figure out
     extras.submit(250, attention_grid_summaries, weights, tokens)   # weights (L, nh, T, T)
     extras.write_finished(writer)                             # between steps: what is done
     dropped = extras.close(writer, wait=True)                 # end of run: wait for the rest
@@ -31,12 +31,10 @@ from tensorboard.compat.proto.summary_pb2 import Summary
 
 log = logging.getLogger(__name__)
 
-# how much lower the helper's scheduling priority is (Unix nice; 19 is the lowest)
-HELPER_NICENESS = 10
+HELPER_NICENESS = 10  # how much lower the helper's priority is (Unix nice; 19 is the lowest)
 
 
 def _start_helper() -> None:
-    """In the helper: end with the training process, yield the CPU to it, load matplotlib."""
     # a training process killed outright (kill -9) cannot stop its helper, which would wait for
     # jobs forever: a watcher thread ends the helper when its parent is gone
     threading.Thread(target=_exit_with_parent, daemon=True).start()
@@ -51,7 +49,7 @@ def _exit_with_parent() -> None:
 
 
 def _nothing() -> None:
-    """The job that only starts the helper."""
+    pass
 
 
 class Extras:
@@ -59,38 +57,32 @@ class Extras:
     their summaries to TensorBoard in the order they were submitted."""
 
     def __init__(self, helper: str = "process"):
-        self.helper = helper
         # (step, wall time, result, extra, args): the extra and its args to draw it here if the
         # helper process dies
         self._pending: list[tuple[int, float, Future, Callable, tuple]] = []
-        self._executor: Executor | None = None  # started by start() or the first submit
+        # a pool spawns its process at the first job; spawn on every OS: a fork of a process
+        # running OpenMP threads is not safe
+        self._executor: Executor
+        if helper == "process":
+            self._executor = ProcessPoolExecutor(
+                1, mp_context=multiprocessing.get_context("spawn"), initializer=_start_helper)
+        else:
+            self._executor = ThreadPoolExecutor(1, thread_name_prefix="tinylm-extras")
 
     def start(self, warm_up: Callable[..., object] | None = None, *args) -> Future:
         """Start the helper now, not at the first submit, and have it run `warm_up(*args)`
         first (returns that job's Future), on another core while the caller starts up."""
-        # also without a warm-up a job is what makes a process pool spawn its worker
-        return self._started().submit(warm_up or _nothing, *args)
+        return self._executor.submit(warm_up or _nothing, *args)
 
     def submit(self, step: int, extra: Callable[..., list[bytes]], *args) -> None:
         """Run `extra(*args, step)` in the helper; its summaries are written at `step`."""
         walltime = time.time()  # TensorBoard shows when the evaluation happened
         try:
-            done = self._started().submit(extra, *args, step)
+            done = self._executor.submit(extra, *args, step)
         except BrokenProcessPool:  # it stopped before this job, e.g. after start()
             self._draw_here_instead()
             done = self._executor.submit(extra, *args, step)
         self._pending.append((step, walltime, done, extra, args))
-
-    def _started(self) -> Executor:
-        if self._executor is None:
-            if self.helper == "process":
-                # spawn on every OS: a fork of a process running OpenMP threads is not safe
-                self._executor = ProcessPoolExecutor(
-                    1, mp_context=multiprocessing.get_context("spawn"),
-                    initializer=_start_helper)
-            else:
-                self._executor = ThreadPoolExecutor(1, thread_name_prefix="tinylm-extras")
-        return self._executor
 
     @property
     def pending(self) -> int:
@@ -113,8 +105,7 @@ class Extras:
             else:
                 dropped += not job[2].done()
         self._pending.clear()
-        if self._executor is not None:
-            self._executor.shutdown(wait=wait, cancel_futures=True)
+        self._executor.shutdown(wait=wait, cancel_futures=True)
         return dropped
 
     def _write(self, writer, step: int, walltime: float, done: Future, extra: Callable,
@@ -153,10 +144,8 @@ def image_summary(tag: str, image: np.ndarray) -> bytes:
     return Summary(value=[Summary.Value(tag=tag, image=picture)]).SerializeToString()
 
 
-@lru_cache(maxsize=4)
+@lru_cache(maxsize=4)  # a run captures the same probe prompt each time: one layout serves all
 def _attention_grids(tokens: tuple[str, ...], n_head: int):
-    """One AttentionGridImages per token list and head count, kept from one evaluation to the
-    next: a run captures the same probe prompt each time, so only the first lays figures out."""
     from tinylm.inspection.figures import AttentionGridImages  # matplotlib: in the helper only
 
     return AttentionGridImages(tokens)

@@ -1,17 +1,16 @@
 """What a training run shows in TensorBoard: scalars, a sample, attention maps, hyperparameters.
-
-Rank 0 keeps one TrainingLogs per run; its figures are drawn by a helper process
-(tinylm/train/figure_process.py), started first so that it gets ready while the run starts up.
+Rank 0 keeps one TrainingLogs per run; a helper process draws its figures (figure_process.py).
 
     logs = TrainingLogs(train_cfg, tokenizer, block_size, n_head)   # the helper starts
     logs.open(run_dir / "tensorboard", step, run_config)
     logs.train_scalars(step, loss, grad_norm, lr, tokens_per_s, mfu)
     logs.evaluation(model, step, val_loss, perplexity, device)
-    dropped = logs.close(wait=True)      # how many evaluations' figures were not written
+    logs.close(wait=True)                # waits for the figures still being drawn
 """
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 import torch
@@ -31,6 +30,8 @@ from tinylm.train.figure_process import (
     layer_head_summaries,
 )
 from tinylm.train.run_config import TrainConfig
+
+log = logging.getLogger("tinylm.train")  # the trainer's: Hydra's log lines name the package
 
 
 class TrainingLogs:
@@ -104,13 +105,14 @@ class TrainingLogs:
                                f"({len(self.name_items)} items)", "attention")
         model.train()
 
-    def close(self, wait: bool = True) -> int:
-        """Write the figures still being drawn (wait=True) or drop them (wait=False, or a Ctrl-C
-        while waiting), then close the files; returns how many evaluations' were dropped."""
+    def close(self, wait: bool = True) -> None:
+        """Write the figures still being drawn (wait=True) or drop them and say so (wait=False,
+        or a Ctrl-C while waiting), then close the files."""
         try:
             dropped = self.extras.close(self.writer, wait)
         except KeyboardInterrupt:
             dropped = self.extras.close(self.writer, wait=False)
+        if dropped:
+            log.warning(f"dropped the figures of {dropped} evaluation(s) still being drawn")
         if self.writer is not None:
             self.writer.close()
-        return dropped

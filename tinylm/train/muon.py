@@ -22,11 +22,9 @@ class ShapeBatchedMuon(torch.optim.Muon):
     """torch.optim.Muon's update, with the Newton-Schulz iterations of all matrices of one shape
     run as one batch (torch runs them one matrix at a time: many small matmuls).
 
-    The arithmetic per matrix, the state (`momentum_buffer`) and the hyperparameters are torch's,
-    so checkpoints load in either; a batched bf16 matmul may round differently from a single one.
-    The iterations run in bf16 (as torch's) where the hardware multiplies bf16, else in fp32
-    (`ns_dtype=None`), where bf16 is emulated and slow; a dtype given as `ns_dtype` holds
-    everywhere.
+    The arithmetic per matrix, the state and the hyperparameters are torch's, so checkpoints load
+    in either. The iterations run in `ns_dtype`, or (None) in bf16 as torch's where the hardware
+    multiplies bf16 and in fp32 where bf16 is emulated and slow.
     """
 
     def __init__(self, params, *, ns_dtype: torch.dtype | None = None, **settings):

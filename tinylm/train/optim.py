@@ -75,18 +75,6 @@ def set_lr(optimizer, step: int, optim: OptimConfig, max_steps: int) -> float:
     return lr
 
 
-def split_parameters(model: nn.Module) -> tuple[list[nn.Parameter], list[nn.Parameter]]:
-    """(the matrices of Linear layers, everything else: embeddings, norms, biases).
-
-    The tied LM head appears once, as the token embedding.
-    """
-    embeddings = {id(m.weight) for m in model.modules() if isinstance(m, nn.Embedding)}
-    matrices, others = [], []
-    for p in model.parameters():
-        (matrices if p.dim() == 2 and id(p) not in embeddings else others).append(p)
-    return matrices, others
-
-
 def configure_optimizer(model: nn.Module, optim: OptimConfig):
     """AdamW with weight decay on Linear matrices only (optim.name=muon: Muon for those
     matrices); norms, biases, embeddings are not decayed.
@@ -95,7 +83,11 @@ def configure_optimizer(model: nn.Module, optim: OptimConfig):
     the token embedding (shared with the LM head) holds rare tokens that get few gradient updates
     and would shrink toward nothing.
     """
-    matrices, others = split_parameters(model)
+    # the matrices of Linear layers, and the rest (the tied LM head is the token embedding)
+    embeddings = {id(m.weight) for m in model.modules() if isinstance(m, nn.Embedding)}
+    matrices, others = [], []
+    for p in model.parameters():
+        (matrices if p.dim() == 2 and id(p) not in embeddings else others).append(p)
     if optim.name == "adamw":
         return _adamw([{"params": matrices, "weight_decay": optim.weight_decay},
                        {"params": others, "weight_decay": 0.0}], optim)
@@ -107,7 +99,6 @@ def configure_optimizer(model: nn.Module, optim: OptimConfig):
 
 
 def _adamw(groups: list[dict], optim: OptimConfig) -> torch.optim.AdamW:
-    """torch's AdamW over `groups` with optim's lr and betas, fused where PyTorch has it."""
     # fused: one kernel for all parameters instead of a dozen passes over them
     fused = all(p.device.type in ("cpu", "cuda") for g in groups for p in g["params"])
     return torch.optim.AdamW(groups, lr=optim.lr, betas=(optim.beta1, optim.beta2), fused=fused)

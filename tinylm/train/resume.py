@@ -1,14 +1,10 @@
 """Continuing a run: which checkpoint train.resume means, whether it fits this run, and the
-trainer state saved beside the weights (trainer_state.pt) and restored from it.
-
-The trainer state holds what an uninterrupted run would still have in memory (the optimizer and
-gradient-scaler states, the step, the best validation loss, the tokens seen, and each process's
-batch sampler, RNG states and thread count), so on CPU a resumed run continues bit for bit.
+trainer state saved beside the weights (trainer_state.pt): what an uninterrupted run would still
+hold in memory (optimizer and scaler states, step, best val loss, tokens seen, and each process's
+sampler, RNG states and thread count), so that on CPU a resumed run continues bit for bit.
 
     directory = checkpoint_to_resume(run_dir, train.resume)            # None: a fresh run
-    ranks = gather(rank_state(sampler, device, threads), world_size)   # to save: every rank's
-    state = trainer_state(step, best_val, tokens_seen, optimizer, scaler, ranks)
-    state = restore(directory, run_config, tokenizer_file, model, optimizer, scaler)  # resume
+    state = restore(directory, run_config, tokenizer_file, model, optimizer, scaler)
     restore_rank(state, rank, sampler, device)
 """
 
@@ -100,14 +96,15 @@ def rank_state(sampler: BatchSampler, device: torch.device, threads: int) -> dic
 
 def trainer_state(step: int, best_val_loss: float, tokens_seen: int, optimizer, scaler,
                   ranks: list[dict]) -> dict:
-    """What trainer_state.pt holds: the shared state, and each rank's part in rank order."""
-    on_cuda = ranks[0]["rng_cuda"] is not None
-    return {"step": step, "best_val_loss": best_val_loss, "tokens_seen": tokens_seen,
-            "world_size": len(ranks), "optimizer": optimizer.state_dict(),
-            "scaler": scaler.state_dict(), "sampler": [r["sampler"] for r in ranks],
-            "rng_cpu": [r["rng_cpu"] for r in ranks],
-            "rng_cuda": [r["rng_cuda"] for r in ranks] if on_cuda else None,
-            "threads": [r["threads"] for r in ranks]}
+    """What trainer_state.pt holds: the shared state, and each key of rank_state as a list in
+    rank order (rng_cuda: None off CUDA)."""
+    state = {"step": step, "best_val_loss": best_val_loss, "tokens_seen": tokens_seen,
+             "world_size": len(ranks), "optimizer": optimizer.state_dict(),
+             "scaler": scaler.state_dict()}
+    state |= {key: [r[key] for r in ranks] for key in ranks[0]}
+    if ranks[0]["rng_cuda"] is None:
+        state["rng_cuda"] = None
+    return state
 
 
 def restore_rank(state: dict, rank: int, sampler: BatchSampler, device: torch.device) -> None:

@@ -1,6 +1,5 @@
-"""Where and how a training process runs: the process group under torchrun, the precision, this
-machine's matmul rate (for MFU), Ctrl-C / SIGTERM turned into a clean stop, and a torch.compile
-without a C++ compiler said in one line.
+"""Where and how a training process runs: the process group under torchrun, the precision, the
+matmul rate (for MFU), Ctrl-C / SIGTERM turned into a clean stop, a missing C++ compiler said.
 
     rank, local_rank, world_size = init_distributed()    # (0, 0, 1) without torchrun
     dtype, autocast, scaler = mixed_precision("auto", device)

@@ -1,11 +1,9 @@
 """How many intra-op threads torch uses: a number, or `auto`, fitted to the machine as it is.
 
-A parallel region waits for its slowest thread, so a thread that shares its core with another
-program slows every step: `auto` takes the cores this process may run on (its affinity) that other
-work leaves idle, at least 1; under torchrun the processes on one machine split them.
+A parallel region waits for its slowest thread, so `auto` takes the usable cores (this process's
+affinity) that other work leaves idle, at least 1; torchrun's processes on one machine split them.
 
-    sample = start_sample()                 # when a command starts
-    ...                                     # its start-up: the cores are watched meanwhile
+    sample = start_sample()                 # when a command starts; its start-up is watched
     choice = apply_threads("auto", sample)  # ThreadChoice(2, "auto: ..."), given to torch
 """
 
@@ -19,10 +17,9 @@ from dataclasses import dataclass
 
 import torch
 
-from tinylm.config import ConfigError
+from tinylm.config import bad
 
-# how long `auto` watches the cores at least
-MEASURE_SECONDS = 0.2
+MEASURE_SECONDS = 0.2  # how long `auto` watches the cores at least
 
 
 @dataclass(frozen=True)
@@ -38,9 +35,8 @@ class ThreadChoice:
 
 def check_threads_setting(key: str, value) -> None:
     """ConfigError naming `key` unless value is "auto" or an integer >= 1."""
-    if value == "auto" or (isinstance(value, int) and not isinstance(value, bool) and value >= 1):
-        return
-    raise ConfigError(f"{key}={value!r} is not allowed: must be auto or an integer >= 1")
+    if value != "auto" and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
+        raise bad(key, value, "must be auto or an integer >= 1")
 
 
 def usable_cpus() -> list[int]:
@@ -68,7 +64,6 @@ def sample_cpus(cpus: list[int]) -> CpuSample | None:
     except OSError:
         return None
     wanted = {f"cpu{i}" for i in cpus}
-    ticks = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
     busy = 0
     for line in lines:
         name, *fields = line.split()
@@ -77,19 +72,13 @@ def sample_cpus(cpus: list[int]) -> CpuSample | None:
             values = [int(v) for v in fields[:8]]
             busy += sum(values) - values[3] - values[4]
     times = os.times()
-    return CpuSample(time.monotonic(), busy / ticks, times.user + times.system)
+    return CpuSample(time.monotonic(), busy / os.sysconf("SC_CLK_TCK"), times.user + times.system)
 
 
 def start_sample() -> CpuSample | None:
     """A sample of the usable cores now, for choose_threads to compare with later: the caller's
     start-up work then doubles as the time the cores are watched."""
     return sample_cpus(usable_cpus())
-
-
-def free_cores(cpus: int, busy: float) -> int:
-    """How many of `cpus` cores are free when other work keeps `busy` of them busy."""
-    # half a core of other work or more counts as a core taken: a thread there would wait
-    return max(0, int(cpus - busy + 0.5))
 
 
 def busy_cpus(cpus: list[int], since: CpuSample | None = None) -> tuple[float, str] | None:
@@ -104,8 +93,7 @@ def busy_cpus(cpus: list[int], since: CpuSample | None = None) -> tuple[float, s
         with contextlib.suppress(OSError, AttributeError):
             return min(os.getloadavg()[0], float(len(cpus))), "1-minute load average"
         return None
-    if time.monotonic() - start.wall < MEASURE_SECONDS:
-        time.sleep(MEASURE_SECONDS - (time.monotonic() - start.wall))
+    time.sleep(max(0.0, MEASURE_SECONDS - (time.monotonic() - start.wall)))
     end = sample_cpus(cpus)
     wall = end.wall - start.wall
     others = (end.busy - start.busy - (end.own - start.own)) / wall
@@ -128,7 +116,8 @@ def choose_threads(setting: int | str, since: CpuSample | None = None) -> Thread
         return ThreadChoice(share, "auto: " + ", ".join([*why, "load unknown"]))
     busy, how = load
     why.append(f"{busy:.1f} busy with other work ({how})" if busy >= 0.05 else "idle")
-    threads = max(1, min(share, free_cores(len(cpus), busy)))
+    # half a core of other work or more counts as a core taken: a thread there would wait
+    threads = max(1, min(share, int(len(cpus) - busy + 0.5)))
     return ThreadChoice(threads, "auto: " + ", ".join(why))
 
 

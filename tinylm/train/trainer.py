@@ -4,10 +4,9 @@
     from tinylm.train.trainer import train
     metrics = train(RunConfig(run_dir="runs/mine", train=TrainConfig(max_steps=100)))
 
-The command is tinylm-train (tinylm/cli/train.py); under torchrun every process runs the same
-loop. A run directory holds checkpoints/ (tinylm/checkpoint.py) and tensorboard/. On CPU a run
-stopped and resumed reaches bit for bit the weights and losses of the same run uninterrupted:
-everything random is saved with the checkpoint (tinylm/train/resume.py).
+Under torchrun every process runs the same loop. A run directory holds checkpoints/ and
+tensorboard/; on CPU a run stopped and resumed reaches bit for bit the weights and losses of the
+same run uninterrupted (tinylm/train/resume.py saves everything random with the checkpoint).
 """
 
 from __future__ import annotations
@@ -134,7 +133,6 @@ class Trainer:
             check_enough_tokens(prepared, model_cfg.block_size)
         except ValueError as err:
             raise ConfigError(str(err)) from None
-        self.model_cfg = model_cfg
         self.run_config = dataclasses.replace(cfg, model=model_cfg)
         self.sampler = BatchSampler(prepared.train_path, model_cfg.block_size, t.batch_size,
                                     t.seed, self.rank, self.world_size)
@@ -204,8 +202,7 @@ class Trainer:
                     if step % t.eval_interval == 0 or done:
                         val_loss = self.evaluate()
                         improved = val_loss < self.best_val  # the same on every rank
-                        if improved:
-                            self.best_val = val_loss
+                        self.best_val = min(self.best_val, val_loss)
                     if improved or done or stopping or (
                             t.checkpoint_interval and step % t.checkpoint_interval == 0):
                         self.save(("last", "best") if improved else ("last",))
@@ -283,7 +280,7 @@ class Trainer:
     def evaluate(self) -> float:
         """Validation loss (all ranks), and on rank 0 its scalars, a sample and attention maps."""
         model = self.forward.module if self.world_size > 1 else self.forward  # no DDP sync
-        val_loss = validation_loss(model, self.val_ids, self.t, self.model_cfg.block_size,
+        val_loss = validation_loss(model, self.val_ids, self.t, self.model.config.block_size,
                                    self.device, self.autocast, self.rank, self.world_size)
         if self.is_main:
             perplexity = math.exp(min(val_loss, 50.0))
@@ -312,7 +309,6 @@ class Trainer:
                                        ) from None
 
     def _resume(self, directory: Path, tokenizer_file: Path) -> None:
-        """Load weights and trainer state; on CPU the run then continues bit for bit."""
         state = restore(directory, self.run_config.to_dict(), tokenizer_file, self.model,
                         self.optimizer, self.scaler)
         self.step, self.best_val = state["step"], state["best_val_loss"]
@@ -330,7 +326,7 @@ class Trainer:
             log.warning(f"resuming with {self.world_size} processes instead of "
                         f"{state['world_size']}: batches continue from a fresh random stream")
             t = self.t
-            self.sampler = BatchSampler(self.sampler.path, self.model_cfg.block_size,
+            self.sampler = BatchSampler(self.sampler.path, self.model.config.block_size,
                                         t.batch_size, t.seed + self.step, self.rank,
                                         self.world_size)
         self.info(f"Resuming from {directory} at step {self.step}")
@@ -344,17 +340,14 @@ class Trainer:
         return f"the last good checkpoint is {kept}" if kept else "no checkpoint was saved yet"
 
     def last_checkpoint(self) -> Path | None:
+        """The checkpoint tagged last (on rank 0; None elsewhere or before the first)."""
         return tagged_checkpoint(self.run_dir / CHECKPOINTS_DIR, "last") if self.is_main else None
 
     def close_logs(self, wait: bool = True) -> None:
-        """Write the figures still being drawn, then close the TensorBoard files; with
-        wait=False, or on Ctrl-C while waiting, drop those figures and say so."""
-        if self.logs is None:
-            return
-        dropped = self.logs.close(wait)
-        if dropped:
-            log.warning(f"dropped the figures of {dropped} evaluation(s) still being drawn")
-        self.logs = None
+        """Close rank 0's logs (TrainingLogs.close) once."""
+        if self.logs is not None:
+            self.logs.close(wait)
+            self.logs = None
 
 
 @torch.no_grad()

@@ -1,11 +1,9 @@
-"""What the attention tab reads: one summary per inspected text, tagged `tinylm_attention`.
+"""What the attention tab reads: per inspected text and step, a summary tagged `tinylm_attention`
+holding the weights as float16 (n_layer, n_head, T, T) and JSON content (text, tokens, the token ->
+word map, pronouns, names, a note when the text was cut), under its own tag `<name>/step_<step>`
+since TensorBoard samples only 10 tensors per tag by default.
 
     write_attention(writer, "probe_prompt", capture, step)  # writer: torch SummaryWriter
-
-The tensor is the capture's weights as float16, (n_layer, n_head, T, T); the plugin content is
-JSON with the text, its tokens, the token -> word map, the pronouns and names, and a note when
-the text was cut to the window. Each (text, step) has its own tag (`<name>/step_<step>`), since
-TensorBoard samples only 10 tensors per tag by default.
 """
 
 from __future__ import annotations
