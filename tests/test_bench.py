@@ -155,6 +155,7 @@ def test_every_section_writes_positive_finite_figures_to_json(tmp_path, monkeypa
     assert printed[-1].startswith(f"report: {tmp_path / 'report.json'}")
 
 
+@pytest.mark.slow
 def test_bench_leaves_the_thread_setting_as_it_found_it(tmp_path):
     before = torch.get_num_threads()
     run_bench(tiny_config(tmp_path, section="attention", threads=1, out=None), print_fn=None)
@@ -230,6 +231,7 @@ def test_load_shares_are_taken_against_their_own_rounds_quiet_one_thread_run(mon
     assert "one busy process: 0.50, 0.12, 0.50" in section.notes[3]
 
 
+@pytest.mark.slow
 def test_a_failing_torch_compile_leaves_the_eager_comparison(tmp_path, monkeypatch):
     """Without a working compiler (inductor needs one) the train section still compares the
     models, all uncompiled, and says why."""
@@ -316,6 +318,7 @@ def test_a_section_table_aligns_names_left_figures_right_and_notes_last():
         "the peer       12.34   12.34    81,037"]
 
 
+@pytest.mark.slow
 def test_nanogpt_is_timed_by_the_lines_it_prints_and_keeps_its_checkpoint_dir(tmp_path,
                                                                             monkeypatch):
     monkeypatch.delenv("PYTHONUNBUFFERED", raising=False)  # as in most users' shells

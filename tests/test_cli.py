@@ -141,6 +141,7 @@ def _python(code: str) -> str:
                           timeout=120, check=True).stdout.strip()
 
 
+@pytest.mark.slow
 def test_the_model_imports_no_hydra_tensorboard_matplotlib_or_bench():
     loaded = _python("import sys, tinylm.model, tinylm.generate, tinylm.checkpoint; "
                      "print(sorted({m.split('.')[0] for m in sys.modules} & {'hydra', "

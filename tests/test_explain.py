@@ -142,6 +142,7 @@ def test_checkpoint_mode_follows_the_query_word_and_shortens_long_rows(model, bp
     assert diff < 1e-6
 
 
+@pytest.mark.slow
 def test_figures_are_written_as_png_and_tensorboard(tmp_path):
     text = explain(ExplainConfig(causal=True, png=str(tmp_path / "a.png"),
                                  logdir=str(tmp_path / "tb")))
@@ -223,6 +224,7 @@ def test_command_line_prints_the_walkthrough_and_writes_no_files(tmp_path):
                                    "(e.g. q=[[1,0],[0,1]])")
 
 
+@pytest.mark.slow
 def test_docs_attention_quotes_what_tinylm_explain_prints():
     doc = (ROOT / "docs" / "attention.md").read_text()
     # each console block: "$ tinylm-explain <arguments>", then lines of its output ("..." skips)

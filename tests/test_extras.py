@@ -77,6 +77,7 @@ def test_a_helper_started_early_lays_the_grid_out_and_draws_what_a_fresh_figure_
             e.encoded_image_string for e in inline[tag]]
 
 
+@pytest.mark.slow
 def test_the_warm_up_is_the_first_draws_layout(monkeypatch):
     laid_out = []
     lay_out = tinylm.inspection.figures.AttentionGridImages._lay_out
@@ -154,6 +155,7 @@ def test_figures_are_drawn_here_when_the_helper_stopped_before_the_first_one(tmp
                for r in caplog.records) == 1
 
 
+@pytest.mark.slow
 def test_one_process_draws_models_of_other_head_counts_on_the_same_prompt():
     """The layouts a process keeps (one per token list) do not mix up two models' grids, as
     two runs in one process with the drawing thread would ask."""

@@ -175,6 +175,7 @@ def test_names_are_listed_or_capitalised_mid_sentence_words():
     assert {"he", "She", "It", "their", "Them"} <= PRONOUNS and "Lily" not in PRONOUNS
 
 
+@pytest.mark.slow
 def test_inspection_writes_tensorboard_images_text_png_and_npz(model, bpe, tmp_path):
     text = "Lily and Tom went to the park. She saw a big dog."
     inspect_texts(model, bpe, [text], tmp_path, prompt_chars=34)

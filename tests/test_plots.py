@@ -41,6 +41,7 @@ def test_weights_of_another_shape_are_refused():
         grids(causal_weights(0, (2, 4, 4)))
 
 
+@pytest.mark.slow
 def test_a_saved_figure_takes_the_format_its_suffix_names_and_leaves_no_temporary_file(tmp_path):
     fig = attention_grid_figure(causal_weights(0, (2, 4, 4)), list("abcd"), "t", 8, ())
     starts = {"a.png": b"\x89PNG", "b.svg": b"<?xml", "c": b"\x89PNG"}  # no suffix: PNG

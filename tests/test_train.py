@@ -111,6 +111,7 @@ def test_weight_decay_skips_norms_biases_and_the_tied_embedding(tiny_model):
 # ------------------------------------------------------------------------------ the loop
 
 
+@pytest.mark.slow
 def test_short_run_lowers_the_loss_and_writes_a_loadable_checkpoint(trained_run):
     run_dir, metrics = trained_run
     val = scalars(run_dir, "val/loss")
@@ -161,6 +162,7 @@ def test_the_figure_helper_starts_laying_out_the_probe_prompt_before_the_optimiz
     assert [e.step for e in events.Images("attention/layer_01")] == [2]
 
 
+@pytest.mark.slow
 def test_tensorboard_holds_the_promised_scalars_text_images_and_hparams(trained_run):
     run_dir, _ = trained_run
     events = EventAccumulator(str(run_dir / "tensorboard"), size_guidance={
@@ -363,6 +365,7 @@ def test_block_size_longer_than_the_corpus_is_refused_by_name(corpus, tmp_path):
     assert not (tmp_path / "run").exists()
 
 
+@pytest.mark.slow
 def test_fresh_run_into_a_run_dir_with_checkpoints_is_refused(corpus, trained_run):
     full_dir, _ = trained_run
     with pytest.raises(ConfigError, match="already holds checkpoints.*train.resume=true"):
