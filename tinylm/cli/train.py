@@ -11,6 +11,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -61,7 +62,8 @@ def shared_run_dir(output_dir: str) -> str:
     dirs = [output_dir]
     dist.broadcast_object_list(dirs, src=0)
     if rank > 0 and dirs[0] != output_dir:
-        shutil.rmtree(output_dir, ignore_errors=True)
+        with contextlib.suppress(OSError):  # only while empty: nothing of anybody else's goes
+            Path(output_dir).rmdir()
     return dirs[0]
 
 
