@@ -156,7 +156,7 @@ def checked(cfg: DictConfig, schema: type) -> DictConfig:
     """`cfg`, once no bool field was given anything but true or false: OmegaConf reads "no",
     "off" or "1" as a bool, and a typo must never flip a setting silently."""
     for override in HydraConfig.get().overrides.task:
-        key, _, value = override.lstrip("+~").partition("=")
+        key, value = key_and_value(override)
         if field_type(schema, key) is bool and value.lower() not in ("true", "false"):
             raise ConfigError(f"{key}={value} is not allowed: must be true or false")
     return cfg
@@ -172,13 +172,15 @@ def field_type(schema: type, key: str) -> Any:
     return hint
 
 
+def key_and_value(override: str) -> tuple[str, str]:
+    """("model.bias", "no") of the override "model.bias=no" (or "+model.bias=no")."""
+    key, _, value = override.lstrip("+~").partition("=")
+    return key, value
+
+
 def given(key: str) -> str | None:
     """The value the command line gives `key`, as typed."""
-    for arg in sys.argv[1:]:
-        name, _, value = arg.lstrip("+~").partition("=")
-        if name == key:
-            return value
-    return None
+    return next((value for name, value in map(key_and_value, sys.argv[1:]) if name == key), None)
 
 
 def one_line(err: Exception, schema: type, groups: tuple[str, ...] = ()) -> str:
@@ -198,7 +200,8 @@ def one_line(err: Exception, schema: type, groups: tuple[str, ...] = ()) -> str:
         return f"{key}={cause.value if value is None else value} is not allowed: " \
                f"{type_rule(cause.object_type, cause.key)}"
     if isinstance(cause, ConfigKeyError | ConfigAttributeError) and key:
-        where = f" (in {key}={given(key)})" if given(key) is not None else ""
+        value = given(key)
+        where = f" (in {key}={value})" if value is not None else ""
         parent, _, _ = key.rpartition(".")
         node = field_type(schema, parent) if parent else schema
         if parent and dataclasses.is_dataclass(node):

@@ -107,7 +107,7 @@ def run_generate(cfg: GenerateConfig, out=None) -> list[str]:
               f"block_size={block_size}; keeping its last {block_size} tokens", file=sys.stderr)
     print(f"loaded {ckpt.directory} ({model.num_params() / 1e6:.2f}M parameters, "
           f"block_size={block_size}) on {device}"
-          f"{f', {threads.describe()}' if device.type == 'cpu' else ''}", file=sys.stderr)
+          f"{threads.suffix_on(device)}", file=sys.stderr)
 
     generator = torch.Generator(device=device).manual_seed(cfg.seed)
     idx = torch.tensor([prompt_ids], dtype=torch.long, device=device)

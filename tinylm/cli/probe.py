@@ -74,7 +74,7 @@ def run_probe(cfg: ProbeConfig, out=None) -> dict:
     model, c = ckpt.model, ckpt.config
     threads = apply_threads(cfg.threads, cpu_sample)
     print(f"loaded {ckpt.directory} ({c.n_layer} layers x {c.n_head} heads) on {device}"
-          f"{f', {threads.describe()}' if device.type == 'cpu' else ''}; "
+          f"{threads.suffix_on(device)}; "
           f"{len(items)} probe items from {', '.join(map(str, files))}", file=sys.stderr)
 
     start = time.perf_counter()

@@ -32,6 +32,11 @@ class ThreadChoice:
     def describe(self) -> str:
         return f"{self.threads} thread{'s' if self.threads != 1 else ''} ({self.reason})"
 
+    def suffix_on(self, device) -> str:
+        """", 2 threads (why)" after the device in a start-up line; nothing off the CPU, where
+        torch's threads do not compute."""
+        return f", {self.describe()}" if device.type == "cpu" else ""
+
 
 def check_threads_setting(key: str, value) -> None:
     """ConfigError naming `key` unless value is "auto" or an integer >= 1."""

@@ -171,7 +171,7 @@ class Trainer:
                       f"{model_cfg.n_embd}, block_size {model_cfg.block_size}, vocab "
                       f"{model_cfg.vocab_size}); {str(self.dtype)[6:]} on {device}"
                       f"{f' x {self.world_size} processes' if self.world_size > 1 else ''}"
-                      f"{f', {self.threads.describe()}' if device.type == 'cpu' else ''}; "
+                      f"{self.threads.suffix_on(device)}; "
                       f"{self.tokens_per_step:,} tokens per step; run dir {self.run_dir}")
 
     # ------------------------------------------------------------------------------ the loop
