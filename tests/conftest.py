@@ -166,3 +166,43 @@ def trained_run_copy(trained_run, tmp_path_factory):
     tmp_path, which the test may want to find empty)."""
     return shutil.copytree(trained_run[0], tmp_path_factory.mktemp("run_copy") / "run",
                            symlinks=True)
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A real, small disk: `small_disk(kib)` mounts a tmpfs of that size and returns its folder,
+    unmounted after the test. Needs Linux and root (CI has both); skipped elsewhere, saying why.
+    Fill it with `fill_disk` to leave only a few bytes free."""
+    import subprocess
+    import sys
+    if not sys.platform.startswith("linux") or os.geteuid() != 0:
+        pytest.skip("a real full disk needs a tmpfs mount: Linux, as root")
+    mounts = []
+
+    def mount(kib: int):
+        where = tmp_path / f"disk{len(mounts)}"
+        where.mkdir()
+        result = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={kib}k", "tmpfs",
+                                 str(where)], capture_output=True, text=True)
+        if result.returncode != 0:
+            pytest.skip(f"cannot mount a tmpfs here: {result.stderr.strip()}")
+        mounts.append(where)
+        return where
+    yield mount
+    for where in reversed(mounts):
+        subprocess.run(["umount", "-l", str(where)], check=False)
+
+
+def fill_disk(folder, leave: int = 0):
+    """Fill the disk that holds `folder` until at most `leave` bytes are free (a file `filler`)."""
+    with open(folder / "filler", "wb") as f:
+        chunk = b"\0" * 65536
+        while True:
+            free = shutil.disk_usage(folder).free
+            if free <= leave:
+                break
+            try:
+                f.write(chunk[:max(1, min(len(chunk), free - leave))])
+                f.flush()
+            except OSError:
+                break

@@ -24,3 +24,55 @@ def test_a_finished_write_replaces_the_file_and_makes_missing_directories(tmp_pa
     write_text_atomic(path, "'She' → Lily\n")
     assert path.read_text(encoding="utf-8") == "'She' → Lily\n"
     assert [p.name for p in path.parent.iterdir()] == ["pronouns.md"]
+
+
+def test_a_full_disk_is_one_line_and_leaves_the_old_file(small_disk):
+    from conftest import fill_disk
+
+    from tinylm.files import NotWritten
+    disk = small_disk(256)
+    path = disk / "probe.json"
+    write_json_atomic(path, {"loss": 1.5})
+    fill_disk(disk)
+    with pytest.raises(NotWritten) as caught:
+        write_text_atomic(path, "x" * 100_000)
+    message = str(caught.value)
+    assert "\n" not in message and str(path) in message and "MiB free on" in message
+    assert json.loads(path.read_text()) == {"loss": 1.5}
+    assert sorted(p.name for p in disk.iterdir()) == ["filler", "probe.json"]
+
+
+def test_published_files_arrive_together_or_not_at_all(tmp_path):
+    from tinylm.files import published_atomically
+    logdir = tmp_path / "inspect"
+    with pytest.raises(RuntimeError):
+        with published_atomically(logdir) as build:
+            (build / "events.out").write_text("half")
+            raise RuntimeError("the writer died")
+    assert list(tmp_path.iterdir()) == []
+    with published_atomically(logdir) as build:
+        (build / "sub").mkdir()
+        (build / "sub" / "a.png").write_text("png")
+        (build / "events.out").write_text("events")
+    assert sorted(str(p.relative_to(logdir)) for p in logdir.rglob("*")) == \
+        ["events.out", "sub", "sub/a.png"]
+    assert [p.name for p in tmp_path.iterdir()] == ["inspect"]
+
+
+def test_leftovers_of_a_dead_process_are_swept_and_a_live_ones_kept(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    from tinylm.files import sweep_leftovers, temporary_name
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True, check=True).stdout.strip()
+    (tmp_path / f".data-bpe.tmp-{dead}-0a1b2c3d").mkdir()
+    (tmp_path / f".report.json.tmp-{dead}-00ff00ff").write_text("{")
+    mine = temporary_name(tmp_path / "data-char")
+    mine.mkdir()
+    (tmp_path / "data-bpe").mkdir()
+    assert sorted(sweep_leftovers(tmp_path)) == [f".data-bpe.tmp-{dead}-0a1b2c3d",
+                                                 f".report.json.tmp-{dead}-00ff00ff"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([mine.name, "data-bpe"])
+    assert str(os.getpid()) in mine.name

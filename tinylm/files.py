@@ -1,18 +1,25 @@
-"""The files tinylm ships, and output files written whole or not at all.
+"""The files tinylm ships, and how every output is written: whole or not at all.
 
 A run killed while it writes a report, a figure or the inspection's arrays must not leave a
-half-written file where the last good one was: each is written to a temporary file beside its
-place and renamed onto it (`os.replace`: one step on Linux, macOS and Windows). Checkpoints, a
-directory of files, do the same with a directory (tinylm.checkpoint).
+half-written file where the last good one was: each is written to a temporary name beside its
+place, flushed, and renamed onto it. A disk that refuses a write (full, read-only) gives one
+NotWritten line naming the file and the free space, and no temporary file is left; what a killed
+process left is swept by the next run in the same place (`sweep_leftovers`).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
+import secrets
+import shutil
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+
+import psutil
+from safetensors import SafetensorError
 
 PACKAGE_DIR = Path(__file__).resolve().parent
 
@@ -30,22 +37,136 @@ def shipped_dir(in_checkout: str, in_wheel: str) -> Path:
     return root / in_checkout if root is not None else PACKAGE_DIR / in_wheel
 
 
+class NotWritten(OSError):
+    """A file or folder could not be written (a full disk, no permission, a read-only disk);
+    what its place held before is intact and no temporary file is left. The message is one line:
+    what, where, why, and the free space of that disk."""
+
+
+def free_space(path: str | Path) -> str:
+    """"12.0 MiB free on /mnt/data": the free space of the disk that holds `path` (or would)."""
+    place = Path(os.path.abspath(path))
+    while not place.exists() and place != place.parent:
+        place = place.parent
+    while not os.path.ismount(place) and place != place.parent:
+        place = place.parent
+    try:
+        return f"{shutil.disk_usage(place).free / 2**20:,.1f} MiB free on {place}"
+    except OSError:
+        return f"free space on {place} unknown"
+
+
+def not_written(path: str | Path, err: BaseException) -> NotWritten:
+    """The NotWritten that reports `err`, raised while writing `path`."""
+    lines = str(err).strip().splitlines()
+    reason = getattr(err, "strerror", None) or (lines[0] if lines else type(err).__name__)
+    error = NotWritten(f"{path} could not be written: {reason} ({free_space(path)})")
+    error.errno = getattr(err, "errno", None)
+    return error
+
+
+# What a writer raises when the disk refuses it: safetensors reports its own SafetensorError.
+# (torch.save raises a RuntimeError from its zip writer: its caller names it.)
+WRITE_ERRORS: tuple[type[BaseException], ...] = (OSError, SafetensorError)
+
+
+@contextmanager
+def reported(path: str | Path, errors: tuple[type[BaseException], ...] = WRITE_ERRORS
+             ) -> Iterator[None]:
+    """Turn a write's failure (`errors`) inside the block into NotWritten naming `path`."""
+    try:
+        yield
+    except NotWritten:
+        raise
+    except errors as err:
+        raise not_written(path, err) from err
+
+
+def fsync(path: str | Path) -> None:
+    """Flush a file, or a directory's entries, to the disk."""
+    path = Path(path)
+    windows = os.name == "nt"
+    if windows and path.is_dir():
+        return  # Windows cannot open a directory as a file; NTFS journals the renames in it
+    # Windows flushes only a file opened for writing
+    fd = os.open(path, (os.O_RDWR | getattr(os, "O_BINARY", 0)) if windows else os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def temporary_name(path: Path, label: str = "tmp") -> Path:
+    """A hidden name beside `path`, unique to this process: `.<name>.<label>-<pid>-<hex>`.
+    `sweep_leftovers` knows it by the pid once that process is gone."""
+    return path.with_name(f".{path.name}.{label}-{os.getpid()}-{secrets.token_hex(4)}")
+
+
+_LEFTOVER = re.compile(r"^\.(?P<name>.+)\.(tmp|old)-(?P<pid>\d+)-[0-9a-f]+$")
+
+
+def sweep_leftovers(directory: str | Path) -> list[str]:
+    """Remove the temporary files and folders (`temporary_name`) that a killed process left in
+    `directory`: those whose pid no longer runs. Returns their names, for one line of report."""
+    directory = Path(directory)
+    removed = []
+    for entry in directory.iterdir() if directory.is_dir() else ():
+        match = _LEFTOVER.match(entry.name)
+        if not match or psutil.pid_exists(int(match["pid"])):
+            continue
+        if entry.is_dir() and not entry.is_symlink():
+            shutil.rmtree(entry, ignore_errors=True)
+        else:
+            entry.unlink(missing_ok=True)
+        removed.append(entry.name)
+    return removed
+
+
 @contextmanager
 def replaced_atomically(path: str | Path) -> Iterator[Path]:
-    """Yield a temporary path beside `path` to write; when the block ends, rename it onto `path`.
+    """Yield a temporary path beside `path` to write; when the block ends, flush it to the disk
+    and rename it onto `path` (`os.replace`: one step on Linux, macOS and Windows).
 
-    If the block raises, `path` keeps what it held before and the temporary file is removed. The
-    temporary name keeps no suffix of `path`'s: writers that choose a format from the suffix must
-    be told it.
+    If the block raises, `path` keeps what it held before and the temporary file is removed; a
+    write the disk refused is raised as NotWritten. The temporary name keeps no suffix of
+    `path`'s: writers that choose a format from the suffix must be told it.
     """
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    tmp = temporary_name(path)
     try:
-        yield tmp
-        os.replace(tmp, path)
+        with reported(path):
+            path.parent.mkdir(parents=True, exist_ok=True)
+            yield tmp
+            fsync(tmp)
+            os.replace(tmp, path)
     finally:
-        tmp.unlink(missing_ok=True)
+        if tmp.is_dir() and not tmp.is_symlink():
+            shutil.rmtree(tmp, ignore_errors=True)
+        else:
+            tmp.unlink(missing_ok=True)
+
+
+@contextmanager
+def published_atomically(directory: str | Path) -> Iterator[Path]:
+    """Yield a temporary folder beside `directory` to write files into; when the block ends,
+    move each of them into `directory` (made if missing), each one whole. A failed block leaves
+    `directory` as it was and no temporary folder (for event files and figures of one report)."""
+    directory = Path(directory)
+    build = temporary_name(directory)
+    try:
+        with reported(directory):
+            build.mkdir(parents=True)
+            yield build
+            directory.mkdir(parents=True, exist_ok=True)
+            for file in sorted(build.rglob("*")):
+                if file.is_file():
+                    target = directory / file.relative_to(build)
+                    target.parent.mkdir(parents=True, exist_ok=True)
+                    fsync(file)
+                    os.replace(file, target)
+            fsync(directory)
+    finally:
+        shutil.rmtree(build, ignore_errors=True)
 
 
 def write_text_atomic(path: str | Path, text: str) -> None:

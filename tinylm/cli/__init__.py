@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import shlex
 import signal
 import sys
 import types
@@ -38,8 +39,10 @@ from omegaconf.errors import (
     ValidationError,
 )
 
+from safetensors import SafetensorError
+
 from tinylm.config import ConfigError, to_dataclass
-from tinylm.files import PACKAGE_DIR
+from tinylm.files import PACKAGE_DIR, NotWritten, not_written
 from tinylm.train.run_config import RunConfig
 
 T = TypeVar("T")
@@ -115,6 +118,7 @@ def command(prog: str, config_name: str, schema: type, run: Callable[[Any], Any]
 
     def main() -> Any:
         print_what_stdout_can()
+        stop_on_sigterm()
         register(schemas or {f"{config_name}_schema": schema})
         # Hydra prints its composition errors over several lines and exits, unless this
         # documented switch asks it to raise them: then they are told here in one line.
@@ -127,19 +131,43 @@ def command(prog: str, config_name: str, schema: type, run: Callable[[Any], Any]
 
 
 def run_or_exit(prog: str, action: Callable[[], T], interrupted: str = "interrupted",
-                errors: tuple[type[Exception], ...] = ERRORS) -> T:
+                errors: tuple[type[Exception], ...] = ERRORS,
+                intact: Callable[[], str] | None = None) -> T:
     """Run `action`; a bad input exits with one line `<prog>: error: ...`, not a traceback.
 
-    Ctrl-C exits with 130 and SIGTERM with 143 (128 + the signal), as a shell reports a process
-    the signal ended: a script running the command sees that it was stopped, not that it failed.
+    A write the disk refused (a full disk) is one line too: what could not be written where, the
+    free space, and then `intact()`: what is still intact and the command that continues
+    (default: the same command again). Ctrl-C exits with 130 and SIGTERM with 143 (128 + the
+    signal), as a shell reports a process the signal ended: a script running the command sees
+    that it was stopped, not that it failed.
     """
     try:
         return action()
     except errors as err:
         sys.exit(f"{prog}: error: {err}")
+    except (OSError, SafetensorError) as err:
+        if not isinstance(err, NotWritten):
+            err = not_written(getattr(err, "filename", None) or "a file", err)
+        sys.exit(f"{prog}: error: {err}; {(intact or same_command_again(prog))()}")
     except KeyboardInterrupt as err:
         print(f"\n{prog}: {interrupted}", file=sys.stderr)
         sys.exit(128 + getattr(err, "signum", signal.SIGINT))
+
+
+def same_command_again(prog: str) -> Callable[[], str]:
+    """What a command that writes only whole files says after a failed write."""
+    return lambda: ("nothing was left half-written; once there is room, run the same command "
+                    f"again: {shlex.join([prog, *sys.argv[1:]])}")
+
+
+def stop_on_sigterm() -> None:
+    """SIGTERM (a `kill`, a scheduler's stop) ends the command as Ctrl-C does, through its
+    cleanup: temporary files and lock files are removed, not left behind."""
+    def interrupt(signum: int, frame: object) -> None:
+        err = KeyboardInterrupt()
+        err.signum = signum
+        raise err
+    signal.signal(signal.SIGTERM, interrupt)
 
 
 def print_what_stdout_can() -> None:
@@ -213,7 +241,10 @@ def one_line(err: Exception, schema: type, groups: tuple[str, ...] = ()) -> str:
                 dataclasses.is_dataclass(field_type(schema, k)) for k in keys) else "config key"
             return f"unknown {kind} {key}{where}; allowed: {', '.join([*keys, *groups])}"
     if isinstance(err, OverrideParseException):
-        return f"{err.override}: {err.message.splitlines()[0]}"
+        key, value = key_and_value(err.override or "")
+        quote = f"; quote the value if it holds spaces or symbols: '{key}=\"{value}\"'" \
+            if value and '"' not in value else ""
+        return f"{err.override}: {err.message.splitlines()[0]}{quote}"
     lines = [line.strip() for line in str(err).splitlines() if line.strip()]
     return lines[0] if lines else type(err).__name__
 
