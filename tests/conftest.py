@@ -17,6 +17,7 @@ import torch
 from helpers import TRAINED_RUN, run_config
 
 import tinylm.checkpoint
+import tinylm.files
 from tinylm.files import project_root
 from tinylm.model import ModelConfig, TinyLM
 from tinylm.tokenizer import TokenizerConfig, train_tokenizer
@@ -97,7 +98,9 @@ class OsWithoutSymlinks(types.ModuleType):
 def no_symlinks(request, monkeypatch):
     """Checkpoints are written where symlinks cannot be made: on Windows, or on a Linux disk
     that holds none. Returns the case's name."""
-    monkeypatch.setattr(tinylm.checkpoint, "os", OsWithoutSymlinks(request.param == "windows"))
+    system = OsWithoutSymlinks(request.param == "windows")
+    monkeypatch.setattr(tinylm.checkpoint, "os", system)
+    monkeypatch.setattr(tinylm.files, "os", system)  # where files are flushed
     return request.param
 
 

@@ -7,16 +7,22 @@ import subprocess
 import sys
 
 import pytest
+import safetensors.torch
 import torch
+from conftest import fill_disk
+from safetensors import SafetensorError
 
 import tinylm.checkpoint
 from tinylm.checkpoint import (
     WEIGHTS_FILE,
+    CheckpointNotWritten,
     load_checkpoint,
     resolve_checkpoint_dir,
     run_dir_lock,
     save_checkpoint,
 )
+from tinylm.config import ConfigError
+from tinylm.files import NotWritten
 from tinylm.tokenizer import CharTokenizer
 
 TEXT = "Lily saw a cat. She said hello to it.\n"
@@ -93,6 +99,19 @@ def test_a_failure_other_than_a_disk_without_symlinks_is_not_hidden(tiny, tmp_pa
     with pytest.raises(OSError, match="No space left on device"):
         save_checkpoint(tmp_path, model, tokenizer, {}, step=1)
     assert not (tmp_path / "checkpoints" / "last").exists()
+    assert list((tmp_path / "checkpoints").iterdir()) == []  # nor a step no tag names
+
+
+def test_an_interrupted_save_leaves_nothing_of_itself(tiny, tmp_path, monkeypatch):
+    model, tokenizer = tiny()
+    first = save_checkpoint(tmp_path, model, tokenizer, {}, step=1)
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt  # Ctrl-C, or SIGTERM (which the commands raise as it)
+    monkeypatch.setattr(tinylm.checkpoint.yaml, "safe_dump", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        save_checkpoint(tmp_path, model, tokenizer, {}, step=2)
+    assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["last", first.name]
 
 
 @pytest.mark.parametrize("content", ["../../elsewhere\n", "step-0000001/../../elsewhere\n",
@@ -126,6 +145,8 @@ def test_a_crash_during_save_leaves_the_previous_checkpoint_loadable(tiny, tmp_p
 import os, signal, torch, safetensors.torch as st
 from tinylm.checkpoint import save_checkpoint
 from tinylm.model import ModelConfig, TinyLM
+from tinylm.config import ConfigError
+from tinylm.files import NotWritten
 from tinylm.tokenizer import CharTokenizer
 tok = CharTokenizer.train([{TEXT!r}])
 torch.manual_seed(99)
@@ -201,3 +222,162 @@ def test_unknown_tag_is_refused(tiny, tmp_path):
     model, tokenizer = tiny()
     with pytest.raises(ValueError, match="tag 'latest' is not allowed; allowed: last, best"):
         save_checkpoint(tmp_path, model, tokenizer, {}, step=2, tags=("latest",))
+
+
+# ------------------------------------------------------------------- a full disk, for real
+
+
+def pages(directory, *names):
+    """What these files of a checkpoint take on a tmpfs: whole pages."""
+    page = os.sysconf("SC_PAGESIZE")
+    return sum(-(-(directory / name).stat().st_size // page) * page for name in names)
+
+
+STATE = {"step": torch.tensor(1), "big": torch.zeros(20_000)}  # trainer_state.pt: 80 kB
+
+
+@pytest.mark.parametrize("fails, room_for, raised", [
+    ("tokenizer.json", [], OSError),
+    ("model.safetensors", ["tokenizer.json"], SafetensorError),
+    ("trainer_state.pt", ["tokenizer.json", "model.safetensors", "model_config.json",
+                          "config.yaml"], OSError),  # torch's zip writer: a RuntimeError
+])
+def test_a_full_disk_is_one_line_whichever_file_meets_it_and_the_last_checkpoint_stays(
+        tiny, small_disk, fails, room_for, raised):
+    model, tokenizer = tiny()
+    disk = small_disk(256)
+    first = save_checkpoint(disk, model, tokenizer, {}, step=1, tags=("last", "best"))
+    fill_disk(disk, leave=pages(first, *room_for))
+    with pytest.raises(CheckpointNotWritten) as caught:
+        save_checkpoint(disk, model, tokenizer, {}, step=2, trainer_state=STATE,
+                        tags=("last", "best"))
+    checkpoints, said = disk / "checkpoints", str(caught.value)
+    assert said.startswith(f"{checkpoints / 'step-0000002' / fails} could not be written: ")
+    assert said.endswith(f"(0.0 MiB free on {disk})")
+    assert "No space left on device" in said and "\n" not in said
+    assert isinstance(caught.value.__cause__.__cause__, raised)  # what the writer raised
+    assert sorted(p.name for p in checkpoints.iterdir()) == ["best", "last", "step-0000001"]
+    assert os.readlink(checkpoints / "last") == os.readlink(checkpoints / "best") == first.name
+    assert load_checkpoint(disk, prefer="last").directory == first
+
+
+def test_a_full_disk_at_the_tag_switch_leaves_the_tags_as_they_were(
+        tiny, small_disk, no_symlinks):
+    model, tokenizer = tiny()
+    disk = small_disk(256)
+    first = save_checkpoint(disk, model, tokenizer, {}, step=1)
+    checkpoints = disk / "checkpoints"
+    fill_disk(disk, leave=pages(first, *(p.name for p in first.iterdir())))  # no room for a tag
+    with pytest.raises(CheckpointNotWritten) as caught:
+        save_checkpoint(disk, model, tokenizer, {}, step=2)
+    assert str(caught.value).startswith(f"{checkpoints / 'last'} could not be written: No space "
+                                        "left on device (")
+    assert str(caught.value).endswith(f"(0.0 MiB free on {disk})")
+    assert sorted(p.name for p in checkpoints.iterdir()) == ["last", "step-0000001"]
+    assert (checkpoints / "last").read_text(encoding="utf-8") == "step-0000001\n"
+
+
+@pytest.mark.parametrize("existed", [False, True])
+def test_a_lock_whose_pid_file_meets_a_full_disk_is_one_line_and_leaves_nothing(
+        small_disk, existed):
+    disk = small_disk(64)
+    run_dir = disk / "run"
+    if existed:
+        (run_dir / ".hydra").mkdir(parents=True)
+    fill_disk(disk)
+    with pytest.raises(NotWritten) as caught:
+        with run_dir_lock(run_dir):
+            pass
+    assert str(caught.value).startswith(f"{run_dir / '.lock.pid'} could not be written: No space "
+                                        f"left on device (0.0 MiB free on {disk}")
+    assert sorted(str(p.relative_to(disk)) for p in disk.rglob("*")) == \
+        (["filler", "run", "run/.hydra"] if existed else ["filler"])
+
+
+# ----------------------------------------------------------------------------- the lock
+
+
+def test_a_stale_lock_of_a_killed_run_is_said_in_one_line(tmp_path, caplog):
+    dead = subprocess.Popen([sys.executable, "-c", ""])
+    dead.wait()
+    (tmp_path / ".lock").touch()  # what kill -9 leaves
+    (tmp_path / ".lock.pid").write_text(f"{dead.pid}\n")
+    with caplog.at_level("INFO", logger="tinylm.checkpoint"):
+        with run_dir_lock(tmp_path):
+            assert (tmp_path / ".lock.pid").read_text() == f"{os.getpid()}\n"
+    assert [r.message for r in caplog.records] == [
+        f"removed a stale lock of pid {dead.pid} (a killed run)"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".lock"]
+
+
+@pytest.mark.parametrize("existed", [False, True])
+def test_a_refused_run_leaves_no_lock_file_behind(tmp_path, existed):
+    run_dir = tmp_path / "run"
+    if existed:
+        (run_dir / ".hydra").mkdir(parents=True)
+    with pytest.raises(ConfigError):
+        with run_dir_lock(run_dir):
+            assert sorted(p.name for p in run_dir.iterdir()) == \
+                [".hydra", ".lock", ".lock.pid"][0 if existed else 1:]
+            raise ConfigError(f"{run_dir} already holds checkpoints")
+    assert sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*")) == \
+        (["run", "run/.hydra"] if existed else [])
+
+
+# ------------------------------------------------------- a checkpoint and its tokenizer
+
+
+def test_a_tokenizer_of_another_corpus_with_as_many_tokens_is_refused_naming_both(
+        tiny, tmp_path):
+    model, tokenizer = tiny()
+    directory = save_checkpoint(tmp_path, model, tokenizer, {}, step=1)
+    other = CharTokenizer([chr(ord(c) + 1) for c in tokenizer.chars])  # same size, other ids
+    assert other.vocab_size == tokenizer.vocab_size
+    other.save(directory / "tokenizer.json")
+    with pytest.raises(ValueError) as refused:
+        load_checkpoint(directory)
+    assert str(refused.value).startswith(
+        f"{directory / 'tokenizer.json'} is not the tokenizer {directory / WEIGHTS_FILE} was "
+        f"trained with (a char tokenizer of {tokenizer.vocab_size} tokens, sha256 ")
+    assert "\n" not in str(refused.value)
+
+
+@pytest.mark.parametrize("edit, allowed", [({"n_head": 4}, False), ({"n_head": 1}, False),
+                                           ({"dropout": 0.3}, True)])
+def test_a_model_config_edited_to_fit_the_same_weights_is_refused_naming_both(
+        tiny, tmp_path, edit, allowed):
+    model, tokenizer = tiny()  # n_embd 8, n_head 2: n_head 4 or 1 keeps every parameter's shape
+    directory = save_checkpoint(tmp_path, model, tokenizer, {}, step=1)
+    config_file = directory / "model_config.json"
+    config_file.write_text(json.dumps(json.loads(config_file.read_text()) | edit))
+    if allowed:  # dropout is not the model's shape: a run may continue with another one
+        assert load_checkpoint(directory).config.dropout == edit["dropout"]
+        return
+    with pytest.raises(ValueError) as refused:
+        load_checkpoint(directory)
+    assert str(refused.value) == (
+        f"{config_file} says n_head={edit['n_head']} but {directory / WEIGHTS_FILE} was saved "
+        "from a model with n_head=2: they are not one checkpoint; set n_head back")
+
+
+def test_a_checkpoint_written_before_the_records_still_loads_with_the_old_checks(tiny, tmp_path):
+    model, tokenizer = tiny()
+    directory = save_checkpoint(tmp_path, model, tokenizer, {}, step=1)
+    safetensors.torch.save_model(model, str(directory / WEIGHTS_FILE))  # no tinylm metadata
+    other = CharTokenizer([chr(ord(c) + 1) for c in tokenizer.chars])
+    other.save(directory / "tokenizer.json")  # nothing recorded to tell it apart
+    ckpt = load_checkpoint(directory)
+    assert ckpt.tokenizer.chars == other.chars and ckpt.config == model.config
+    CharTokenizer.train(["abc"]).save(directory / "tokenizer.json")
+    with pytest.raises(ValueError, match="tokenizer.json has 4 tokens but .*vocab_size="):
+        load_checkpoint(directory)
+
+
+def test_a_crafted_record_in_the_weights_is_refused_naming_the_file(tiny, tmp_path):
+    model, tokenizer = tiny()
+    directory = save_checkpoint(tmp_path, model, tokenizer, {}, step=1)
+    safetensors.torch.save_model(model, str(directory / WEIGHTS_FILE),
+                                 metadata={"tinylm.model": "[1, 2"})
+    with pytest.raises(ValueError, match=f"^{directory / WEIGHTS_FILE} holds an unreadable "
+                                         "tinylm.model record in its metadata"):
+        load_checkpoint(directory)

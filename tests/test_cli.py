@@ -110,8 +110,7 @@ def test_a_bad_value_of_a_sweep_is_refused_in_one_line_when_its_run_starts(monke
     said = refusal(tinylm.cli.train.main, "-m", "optim.lr=-1.0,-2.0", monkeypatch=monkeypatch)
     assert said == "tinylm-train: error: optim.lr=-1.0 is not allowed: must be a finite number " \
                    ">= 0"
-    (run,) = (tmp_path / "runs" / "multirun").glob("*/*/*")
-    assert run.name == "multirun.yaml"  # Hydra's record of the sweep; the refused run left none
+    assert not any(tmp_path.iterdir())  # nor Hydra's record of a sweep that ran nothing
 
 
 def test_good_overrides_compose():

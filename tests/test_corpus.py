@@ -3,7 +3,9 @@
 import hashlib
 import shutil
 import socket
+import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -15,6 +17,7 @@ from tinylm.corpus import (
     embedded_dir,
     hub_rows,
     read_rows,
+    scan_file,
 )
 from tinylm.data import DataConfig, prepare_data
 from tinylm.tokenizer import TokenizerConfig
@@ -93,6 +96,16 @@ def test_data_root_and_the_environment_override_the_embedded_corpora(tmp_path, m
 
 TRICKY = ("First line.\r\nSecond line, same paragraph.\n\n\n\nAfter three blank lines.\n"
           "\n\nCafé 😀 at the end\n\n\n") * 40 + "no newline at the end"
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="/proc/self/mem is Linux's")
+def test_a_corpus_file_that_cannot_be_read_is_named_in_one_line_as_bad_input():
+    mem = Path("/proc/self/mem")  # a regular file whose first bytes no read may return
+    message = r"^corpus file /proc/self/mem could not be read: Input/output error$"
+    with pytest.raises(ValueError, match=message):
+        scan_file(mem, strict_utf8=True, log=print)
+    with pytest.raises(ValueError, match=message):
+        next(read_rows(mem, "line"))
 
 
 @pytest.mark.slow

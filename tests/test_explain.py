@@ -8,11 +8,13 @@ import shlex
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
 from helpers import compose, to_dataclass
 
+import tinylm.generate
 from tinylm.attention import MultiHeadAttention
 from tinylm.checkpoint import save_checkpoint
 from tinylm.cli.explain import ExplainConfig, explain
@@ -165,6 +167,9 @@ def test_figures_are_written_as_png_and_tensorboard(tmp_path):
     (dict(n_head=2, query=1), "n_head mode shows every row"),
     (dict(qkv_file="a.json", q=[[1]]), "either in qkv_file='a.json' or on the command line (q)"),
     (dict(digits=-1), "digits=-1 is not allowed: must be an integer >= 0"),
+    (dict(digits=10), "digits=10 is not allowed: must be at most 9: the numbers are float32"),
+    (dict(n_head=2, d_model=10**7), "d_model=10000000 is more than the memory can hold: the "
+     "walkthrough would print 300,000,180,000,036 numbers, about 256 bytes each, and"),
     (dict(checkpoint="run"), "checkpoint mode needs text="),
 ])
 def test_bad_inputs_give_clear_errors(cfg, message):
@@ -187,6 +192,38 @@ def test_bad_checkpoint_mode_inputs_give_clear_errors(model, bpe, cfg, message):
         explain_model_head(model, bpe, cfg.text, cfg.layer, cfg.head, cfg.query, cfg.top,
                            cfg.digits)
     assert message in str(err.value)
+
+
+def test_matrices_too_large_to_walk_through_are_refused_naming_what_fits(tmp_path,
+                                                                         monkeypatch):
+    available = SimpleNamespace(virtual_memory=lambda: SimpleNamespace(available=2**22))
+    monkeypatch.setattr(tinylm.generate, "psutil", available)  # what refuse_unless_held reads
+    with pytest.raises(ValueError) as err:
+        explain(ExplainConfig(q=[[1]] * 300_000))
+    # K = Q: Q, K, V and the output print 6 numbers per row, the steps 8 per query and key
+    fits = max(t for t in range(1000) if (8 * t * t + 6 * t) * 256 <= 2**22)
+    assert str(err.value) == (
+        "q=[300,000 rows] is more than the memory can hold: the walkthrough would print "
+        f"{8 * 300_000**2 + 6 * 300_000:,} numbers, about 256 bytes each, and 4 MiB are "
+        f"available now; give q with at most {fits:,} rows")
+    with pytest.raises(ValueError, match=f"give q with at most {fits} rows"):
+        explain(ExplainConfig(q=[[1]] * (fits + 1)))
+    assert "Your Q, K, V" in explain(ExplainConfig(q=[[1]] * fits))
+
+    many = tmp_path / "many.json"  # 1.5 MB: the parser would hold 512 bytes for each
+    many.write_text('{"q": [' + ", ".join(["[1]"] * 300_000) + "]}")
+    with pytest.raises(ValueError) as err:
+        explain(ExplainConfig(qkv_file=str(many)))
+    assert str(err.value) == (
+        f"qkv_file={many} is more than the memory can hold: reading it holds about 512 bytes per "
+        f"byte, and 4 MiB are available now; give qkv_file with at most {2**22 // 512:,} bytes")
+
+
+def test_a_qkv_file_that_is_no_regular_file_is_named_for_what_it_is(tmp_path):
+    with pytest.raises(ValueError, match="qkv_file='/dev/null' is not a regular file"):
+        explain(ExplainConfig(qkv_file="/dev/null"))
+    with pytest.raises(ValueError, match="is not a regular file"):
+        explain(ExplainConfig(qkv_file=str(tmp_path)))
 
 
 def test_qkv_file_is_read_and_checked(tmp_path):

@@ -44,7 +44,7 @@ def test_a_full_disk_is_one_line_and_leaves_the_old_file(small_disk):
 
 def test_published_files_arrive_together_or_not_at_all(tmp_path):
     from tinylm.files import published_atomically
-    logdir = tmp_path / "inspect"
+    logdir = tmp_path / "run" / "probe" / "inspect"
     with pytest.raises(RuntimeError):
         with published_atomically(logdir) as build:
             (build / "events.out").write_text("half")
@@ -56,7 +56,7 @@ def test_published_files_arrive_together_or_not_at_all(tmp_path):
         (build / "events.out").write_text("events")
     assert sorted(str(p.relative_to(logdir)) for p in logdir.rglob("*")) == \
         ["events.out", "sub", "sub/a.png"]
-    assert [p.name for p in tmp_path.iterdir()] == ["inspect"]
+    assert [p.name for p in logdir.parent.iterdir()] == ["inspect"]
 
 
 def test_leftovers_of_a_dead_process_are_swept_and_a_live_ones_kept(tmp_path):

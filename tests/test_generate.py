@@ -1,14 +1,21 @@
 """Behaviour of tinylm.generate and tinylm-generate: sampling, the KV cache, prompts, streaming."""
 
 import dataclasses
+import os
+import re
+import threading
+import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
-from helpers import compose, run_cli, to_dataclass
+from helpers import compose, refusal, run_cli, save_run, to_dataclass
 from omegaconf import OmegaConf
 
-from tinylm.cli.generate import GenerateConfig, run_generate
+import tinylm.cli.generate
+import tinylm.generate
+from tinylm.cli.generate import GenerateConfig, main, run_generate
 from tinylm.generate import StreamDecoder, encode_prompt, generate, sample_next
 
 
@@ -272,3 +279,99 @@ def test_cli_names_the_truncated_weights_file_without_a_traceback(trained_run, t
     assert "Traceback" not in result.stderr
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and str(Path(broken) / "model.safetensors") in lines[0]
+
+
+# ---- sizes and prompt files, refused or read before any work --------------------------------
+
+@pytest.fixture
+def saved(tmp_path, tiny_model, bpe):
+    """A run directory holding this file's tiny model: 2 layers, block_size 16, n_embd 32."""
+    return save_run(tmp_path / "run", tiny_model(bpe.vocab_size), bpe)
+
+
+def with_memory(monkeypatch, available):
+    """refuse_unless_held sees `available` bytes of free memory."""
+    monkeypatch.setattr(tinylm.generate, "psutil", SimpleNamespace(
+        virtual_memory=lambda: SimpleNamespace(available=available)))
+
+
+@pytest.mark.parametrize("override, line", [
+    ("max_new_tokens=1000000000000000000", r"max_new_tokens=1000000000000000000 is more than the "
+     r"memory can hold: each token of a sample holds about 640 bytes \(with inspect=true, its "
+     r"attention reading\), and [\d,]+ MiB are available now; give at most max_new_tokens=\d+"),
+    ("num_samples=1000000000000000000", r"num_samples=1000000000000000000 is more than the "
+     r"memory can hold: each sample of 1 \+ max_new_tokens=200 tokens holds about 25,856 bytes, "
+     r"and [\d,]+ MiB are available now; give at most num_samples=\d+"),
+    ("seed=100000000000000000000", r"seed=100000000000000000000 is not allowed: must be an "
+     r"integer in \[-2\*\*63, 2\*\*64\): torch's generators take a 64-bit seed"),
+])
+def test_absurd_sizes_are_refused_in_one_line_before_any_work(saved, tmp_path, monkeypatch,
+                                                               capsys, override, line):
+    logdir = tmp_path / "inspect"
+    said = refusal(main, f"checkpoint={saved}", override, "inspect=true", f"logdir={logdir}",
+                   monkeypatch=monkeypatch)
+    assert re.fullmatch("tinylm-generate: error: " + line, said), said
+    assert capsys.readouterr() == ("", "")  # not a token, not the "loaded" line
+    assert not logdir.exists()
+
+
+def test_the_largest_max_new_tokens_allowed_is_generated_and_one_more_is_refused(saved, bpe,
+                                                                                monkeypatch):
+    with_memory(monkeypatch, 40_000)
+    cfg = GenerateConfig(checkpoint=str(saved), prompt="Lily", max_new_tokens=10**6,
+                         temperature=0)
+    # the rule the line states: 128 bytes per token of the sample (its prompt too, and one
+    # more), beside the KV cache: 2 layers x 16 positions x 32 numbers, keys and values, float32
+    largest = (40_000 - 2 * 2 * 16 * 32 * 4) // 128 - len(bpe.encode("Lily")) - 1
+    for n in (10**6, largest + 1):
+        with pytest.raises(ValueError, match=f"give at most max_new_tokens={largest}$"):
+            run_generate(dataclasses.replace(cfg, max_new_tokens=n))
+    assert len(run_generate(dataclasses.replace(cfg, max_new_tokens=largest))) == 1
+
+
+def test_an_empty_prompt_file_or_dev_null_starts_a_fresh_story_and_says_so(saved, tmp_path,
+                                                                          capsys):
+    empty = tmp_path / "empty.txt"
+    empty.write_text("")
+    fresh = run_generate(GenerateConfig(checkpoint=str(saved), max_new_tokens=5, temperature=0))
+    capsys.readouterr()
+    for path, kind in ((empty, ""), (Path(os.devnull), " (a character device)")):
+        texts = run_generate(GenerateConfig(checkpoint=str(saved), prompt_file=str(path),
+                                            max_new_tokens=5, temperature=0))
+        assert texts == fresh
+        assert capsys.readouterr().err.startswith(
+            f"note: prompt_file={path}{kind} is empty: starting from <|endoftext|>, a fresh "
+            "story\n")
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="named pipes are POSIX")
+def test_a_prompt_file_that_is_a_pipe_is_read_to_its_end_and_a_silent_one_is_refused(
+        saved, tmp_path, monkeypatch, capsys):
+    pipe = tmp_path / "prompt"
+    os.mkfifo(pipe)
+    cfg = GenerateConfig(checkpoint=str(saved), prompt_file=str(pipe), max_new_tokens=3,
+                         temperature=0)
+    monkeypatch.setattr(tinylm.cli.generate, "PROMPT_WAIT_S", 0.5)
+    started = time.monotonic()
+    with pytest.raises(ValueError) as err:  # no program writes to it: not a wait forever
+        run_generate(cfg)
+    assert str(err.value) == (f"prompt_file={pipe} (a pipe) sent nothing for 0.5 s; give a "
+                              "file, or a pipe that a program writes the prompt to and closes")
+    assert time.monotonic() - started < 30
+
+    monkeypatch.setattr(tinylm.cli.generate, "PROMPT_WAIT_S", 30)
+    writer = threading.Thread(target=pipe.write_text, args=("Lily and\r\nTom",))
+    writer.start()
+    run_generate(cfg)
+    writer.join()
+    assert capsys.readouterr().out.startswith("Lily and\nTom")  # newlines as in a text file
+
+
+def test_a_prompt_file_that_never_ends_is_refused_at_what_memory_holds(saved, monkeypatch):
+    with_memory(monkeypatch, 2**26)
+    with pytest.raises(ValueError) as err:
+        run_generate(GenerateConfig(checkpoint=str(saved), prompt_file="/dev/zero"))
+    assert str(err.value) == (
+        "prompt_file=/dev/zero (a character device) is more than the memory can hold: reading "
+        "and tokenizing a prompt holds about 256 bytes per byte of it, and 64 MiB are available "
+        "now; give prompt_file with at most 262,144 bytes")

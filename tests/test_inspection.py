@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
+import tinylm.inspection.capture
 from tinylm.inspection.capture import (
     PRONOUNS,
     AttentionCapture,
@@ -173,6 +174,30 @@ def test_names_are_listed_or_capitalised_mid_sentence_words():
     # Zed: capitalised mid-sentence; Lily: listed; Look/The/Once/Pam start sentences
     assert names == {"Zed", "Lily"}
     assert {"he", "She", "It", "their", "Them"} <= PRONOUNS and "Lily" not in PRONOUNS
+
+
+def test_a_long_texts_pronouns_are_read_from_the_words_in_view_at_their_place_in_the_text(
+        model, bpe, monkeypatch):
+    capture = capture_attention(model, bpe, "Lily and Tom went to the park. She saw a dog. " * 30)
+    assert capture.n_text_tokens > 4 * len(capture.ids)  # most words lie beyond the window
+    every_word = word_level(capture.weights, capture.token_words, len(capture.words))
+    widths = []
+    monkeypatch.setattr(tinylm.inspection.capture, "word_level",
+                        lambda weights, token_words, n: widths.append(n) or word_level(
+                            weights, token_words, n))
+    readings = read_pronouns(capture)
+    # the word-level weights (L, nh, W, W) hold the words in view only, not the whole text's
+    assert widths == [len(set(capture.token_words) - {-1})] and widths[0] < len(capture.words) / 4
+    # each "She" in view, placed in the text: 31 characters into each 46-character sentence
+    assert len(readings) > 1 and [r.char for r in readings] == [31 + 46 * n
+                                                                for n in range(len(readings))]
+    for r in readings:
+        for layer, row in enumerate(r.positions["resolving"].top):
+            for head, ranked in enumerate(row):
+                assert [w for w, _ in ranked] == sorted(
+                    range(r.word), key=lambda w: -every_word[layer, head, r.word, w])[:3]
+                for w, v in ranked:
+                    assert v == pytest.approx(every_word[layer, head, r.word, w])
 
 
 @pytest.mark.slow

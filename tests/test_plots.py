@@ -1,13 +1,17 @@
 """AttentionGridImages: the pixels of a fresh attention grid, drawing only what changes; figures
-saved whole, in the format the path names."""
+saved whole, in the format the path names; an event file the disk refuses raised once."""
+
+import threading
 
 import numpy as np
 import pytest
+from conftest import fill_disk
 from helpers import causal_weights
 
 from tinylm.inspection.figures import (
     AttentionGridImages,
     attention_grid_figure,
+    event_writer,
     figure_to_image,
     save_figure,
 )
@@ -49,3 +53,16 @@ def test_a_saved_figure_takes_the_format_its_suffix_names_and_leaves_no_temporar
         assert save_figure(fig, tmp_path / "figs" / name) == tmp_path / "figs" / name
         assert (tmp_path / "figs" / name).read_bytes().startswith(start), name
     assert sorted(p.name for p in (tmp_path / "figs").iterdir()) == sorted(starts)
+
+
+def test_an_event_file_the_disk_refuses_is_raised_once_without_the_threads_traceback(
+        small_disk, monkeypatch):
+    disk = small_disk(64)
+    fill_disk(disk)
+    printed = []  # what would print a thread's traceback
+    monkeypatch.setattr(threading, "excepthook", printed.append)
+    with pytest.raises(OSError, match="No space left on device"), \
+            event_writer(disk / "tb") as writer:
+        writer.add_image("image", np.zeros((64, 64, 3), dtype=np.uint8), 0, dataformats="HWC")
+    assert printed == []
+    assert threading.excepthook == printed.append  # quiet only while the writer lived

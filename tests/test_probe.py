@@ -5,6 +5,7 @@ import dataclasses
 import json
 import math
 from collections import Counter
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -14,6 +15,7 @@ from omegaconf import OmegaConf
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from torch import nn
 
+import tinylm.generate
 from tinylm.cli.probe import ProbeConfig, run_probe
 from tinylm.files import project_root
 from tinylm.inspection.capture import NAMES, find_words
@@ -520,6 +522,30 @@ def test_nothing_is_written_when_an_item_fails(run_dir, tmp_path):
     with pytest.raises(ProbeFileError, match=f"{path}, line 1: .*longer than the model's block"):
         run_probe(cfg)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["long.jsonl"]
+
+
+def test_a_batch_that_cannot_be_held_is_refused_before_any_work(run_dir, bpe, tmp_path,
+                                                                  monkeypatch):
+    path = tmp_path / "both.jsonl"
+    path.write_text(json.dumps(item("Lily and Tom ran. He sat.", "He", ["Tom"], ["Lily"])) + "\n"
+                    + json.dumps(item("Tom ran. He sat.", "He", ["Tom"], wrong="she")) + "\n")
+    # a sequence of the longest item (its wrong pronoun) holds its logits, 16 activations of
+    # width n_embd per token, and both copies of every head's attention: 4 bytes each
+    longest = max(len(bpe.encode(f"Lily and Tom ran. {p}")) for p in ("He", "She"))
+    each = 4 * longest * (400 + 16 * 16 + 2 * 2 * 2 * longest)
+    monkeypatch.setattr(tinylm.generate, "psutil", SimpleNamespace(
+        virtual_memory=lambda: SimpleNamespace(available=int(each * 1.5))))
+    cfg = ProbeConfig(checkpoint=str(run_dir), probe_file=str(path), out=str(tmp_path / "o.json"),
+                      logdir=str(tmp_path / "tb"))
+    for batch_size in (10**18, 2):  # every pass holds 2 sequences at most: 2 is too many here
+        with pytest.raises(ValueError) as err:
+            run_probe(dataclasses.replace(cfg, batch_size=batch_size))
+        assert str(err.value) == (
+            f"batch_size={batch_size} is more than the memory can hold: a forward pass holds "
+            f"about {each:,} bytes per sequence of up to {longest} tokens (its logits and every "
+            f"head's attention), and 0 MiB are available now; give at most batch_size=1")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["both.jsonl"]
+    assert run_probe(dataclasses.replace(cfg, batch_size=1))["agreement"]["n"] == 1
 
 
 @pytest.mark.slow

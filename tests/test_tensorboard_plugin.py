@@ -182,7 +182,10 @@ def test_requests_can_name_only_tinylm_runs_never_a_path(tmp_path, char_capture)
             assert response.status_code == 404, (route, run)
     for path in ("../../secret/probe.json", "%2e%2e/%2e%2e/secret/probe.json", "index.js/.."):
         assert client.get(f"{ROUTE}/{path}").status_code == 404, path
-    assert client.get(f"{ROUTE}/probes").json == {"reports": []}  # the link out is not followed
+    # the link out is not followed: listed as skipped, never opened
+    assert client.get(f"{ROUTE}/probes").json == {"reports": [], "problems": [{
+        "path": "run/probe/probe.json",
+        "message": "run/probe/probe.json: it links outside the logdir: not opened"}]}
 
 
 # ------------------------------------------------------------------------------- the browser

@@ -3,8 +3,10 @@
 import json
 
 import pytest
+from conftest import fill_disk
 from tokenizers import pre_tokenizers
 
+from tinylm.files import NotWritten
 from tinylm.tokenizer import (
     EOT,
     BPETokenizer,
@@ -114,6 +116,18 @@ def test_save_and_load_give_the_same_tokenizer(kind, bpe, char, tmp_path):
     assert (loaded.vocab_size, loaded.eot_id) == (tok.vocab_size, tok.eot_id)
     text = "Once upon a time, Lily sat." + EOT
     assert loaded.encode_with_offsets(text) == tok.encode_with_offsets(text)
+
+
+def test_save_on_a_full_disk_leaves_the_previous_file_whole(bpe, char, small_disk):
+    disk = small_disk(64)
+    path = disk / "tokenizer.json"
+    char.save(path)
+    before = path.read_bytes()
+    fill_disk(disk)
+    with pytest.raises(NotWritten, match=f"^{path} could not be written: No space left on device"):
+        bpe.save(path)  # its JSON is larger than the char tokenizer's
+    assert path.read_bytes() == before
+    assert sorted(p.name for p in disk.iterdir()) == ["filler", "tokenizer.json"]
 
 
 def test_load_tokenizer_refuses_missing_and_foreign_files(tmp_path):

@@ -5,7 +5,8 @@ Layout inside a run directory:
     .lock                      held by the process writing the run (.lock.pid: its pid, while held)
     checkpoints/
       step-0000500/            one complete checkpoint
-        model.safetensors      weights (safetensors: loading never runs code)
+        model.safetensors      weights (safetensors: loading never runs code); its metadata
+                               records the model's shape and tokenizer.json's sha256
         model_config.json      ModelConfig, enough to rebuild the model
         config.yaml            the resolved run config
         tokenizer.json         the tokenizer the model was trained with
@@ -16,12 +17,15 @@ Layout inside a run directory:
 A checkpoint is written to a hidden directory, flushed and renamed into place; only then is a
 tag re-pointed (a fresh symlink, or a tag file where there are none, renamed onto it), so a kill at
 any moment leaves the previous complete checkpoint. Non-finite weights are never written, a failed
-write leaves nothing behind, and one process at a time writes a run directory (`run_dir_lock`).
+write (a full disk) leaves nothing behind and says so in one line, and one process at a time
+writes a run directory (`run_dir_lock`). Loading refuses a model_config.json or a tokenizer.json
+that is not the one the weights were saved with.
 """
 
 from __future__ import annotations
 
 import errno
+import hashlib
 import json
 import logging
 import math
@@ -30,18 +34,20 @@ import re
 import shutil
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
 
+import psutil
 import safetensors.torch
 import torch
 import yaml
 from filelock import FileLock, Timeout
 from safetensors import SafetensorError, safe_open
 
+from tinylm.files import NotWritten, fsync, reported
 from tinylm.model import ModelConfig, TinyLM
-from tinylm.tokenizer import Tokenizer, load_tokenizer
+from tinylm.tokenizer import CharTokenizer, Tokenizer, load_tokenizer
 
 CHECKPOINTS_DIR = "checkpoints"
 WEIGHTS_FILE = "model.safetensors"
@@ -52,6 +58,9 @@ TRAINER_STATE_FILE = "trainer_state.pt"
 LOCK_FILE = ".lock"  # held by the process writing the run directory
 LOCK_PID_FILE = ".lock.pid"  # beside it (the lock file itself is truncated by each taker)
 TAGS = ("last", "best")
+# What model.safetensors' metadata records of its checkpoint (JSON values): the model's shape,
+# and the tokenizer's kind, vocab_size and sha256 (of tokenizer.json's bytes).
+MODEL_RECORD, TOKENIZER_RECORD = "tinylm.model", "tinylm.tokenizer"
 _STEP_DIR = re.compile(r"^step-\d+(-\d+)?$")
 _TMP_PREFIX = ".tmp-"
 # What os.symlink raises on a disk that holds no symlinks (vfat on Linux: EPERM; exFAT on macOS:
@@ -69,8 +78,9 @@ class NonFiniteWeights(ValueError):
     """The weights hold NaN or inf: such a model is not saved as a checkpoint."""
 
 
-class CheckpointNotWritten(OSError):
-    """Writing a checkpoint failed (e.g. the disk is full); nothing of it was left behind."""
+class CheckpointNotWritten(NotWritten):
+    """Writing a checkpoint failed (e.g. the disk is full); nothing of it was left behind, and
+    the tags still name the checkpoints they named."""
 
 
 @dataclass
@@ -85,23 +95,15 @@ class Checkpoint:
     trainer_state_path: Path | None
 
 
-def _fsync(path: Path) -> None:
-    """Flush a file, or a directory's entries, to the disk."""
-    windows = os.name == "nt"
-    if windows and path.is_dir():
-        return  # Windows cannot open a directory as a file; NTFS journals the renames in it
-    # Windows flushes only a file opened for writing
-    fd = os.open(path, (os.O_RDWR | getattr(os, "O_BINARY", 0)) if windows else os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+def _new_tag(checkpoints: Path, tag: str) -> Path:
+    """Where this process makes the next checkpoints/<tag>, to rename it onto the tag."""
+    return checkpoints / f"{_TMP_PREFIX}{tag}-{os.getpid()}"
 
 
-def _point(checkpoints: Path, tag: str, target: str) -> None:
-    """Atomically make checkpoints/<tag> name checkpoints/<target>: a relative symlink, or a tag
-    file holding the name where the system or the disk makes no symlinks."""
-    tmp = checkpoints / f"{_TMP_PREFIX}{tag}-{os.getpid()}"  # this process's own name
+def _make_tag(checkpoints: Path, tag: str, target: str) -> None:
+    """Make _new_tag name checkpoints/<target>: a relative symlink, or a tag file holding the name
+    where the system or the disk makes no symlinks."""
+    tmp = _new_tag(checkpoints, tag)
     if tmp.is_symlink() or tmp.exists():
         tmp.unlink()
     # Windows: symlinks need a privilege most users lack, and os.replace cannot move a
@@ -116,8 +118,7 @@ def _point(checkpoints: Path, tag: str, target: str) -> None:
             linked = False
     if not linked:
         tmp.write_text(f"{target}\n", encoding="utf-8")
-        _fsync(tmp)
-    os.replace(tmp, checkpoints / tag)
+        fsync(tmp)
 
 
 def tagged(checkpoints: Path, tag: str) -> Path | None:
@@ -169,46 +170,83 @@ def _remove_leftovers(checkpoints: Path) -> list[str]:
 def run_dir_lock(run_dir: str | Path) -> Iterator[None]:
     """Hold `run_dir`'s lock while writing it: a second process is refused (RunDirInUse, naming
     the holder's pid). The OS drops the lock when its holder dies, even by kill -9, so a crashed
-    run never blocks its resume; what the dead writer left half-written is removed here."""
+    run never blocks its resume; what the dead writer left half-written is removed here. A run
+    that ends in an error leaves no lock file where there was none (nor a run dir this made)."""
     run_dir = Path(run_dir)
     created = not run_dir.exists()
-    run_dir.mkdir(parents=True, exist_ok=True)
-    lock = FileLock(run_dir / LOCK_FILE)
-    pid_file = run_dir / LOCK_PID_FILE
+    with reported(run_dir):
+        run_dir.mkdir(parents=True, exist_ok=True)
+    lock_file, pid_file = run_dir / LOCK_FILE, run_dir / LOCK_PID_FILE
+    made = not lock_file.exists()
+    lock = FileLock(lock_file)
     try:
         lock.acquire(timeout=0)
     except Timeout:
         holder = pid_file.read_text().strip() if pid_file.is_file() else "unknown"
         raise RunDirInUse(f"{run_dir} is in use by another process (pid {holder}); wait for it "
                           "to end or choose another hydra.run.dir") from None
+    ended = False
     try:
-        pid_file.write_text(f"{os.getpid()}\n")
+        stale = pid_file.read_text().strip() if pid_file.is_file() else ""
+        with reported(pid_file):
+            pid_file.write_text(f"{os.getpid()}\n")
+        if stale.isdigit() and not psutil.pid_exists(int(stale)):
+            log.info(f"removed a stale lock of pid {stale} (a killed run)")
         removed = _remove_leftovers(run_dir / CHECKPOINTS_DIR)
         if removed:
             log.info(f"removed what an interrupted save left in {run_dir / CHECKPOINTS_DIR}: "
                      f"{', '.join(removed)}")
         yield
+        ended = True
     finally:
         pid_file.unlink(missing_ok=True)
+        if made and not ended:
+            # Removed while still held: a process that opened it meanwhile finds it unlinked
+            # once it gets the lock, and makes a fresh one. Windows removes no open file:
+            # filelock removes it there on release.
+            with suppress(PermissionError):
+                lock_file.unlink(missing_ok=True)
         lock.release()
         if created and [p.name for p in run_dir.iterdir()] in ([LOCK_FILE], []):
             # a run refused before its first file: leave no empty run directory behind
-            (run_dir / LOCK_FILE).unlink(missing_ok=True)
+            lock_file.unlink(missing_ok=True)
             run_dir.rmdir()
 
 
-def mount_point(path: Path) -> Path:
-    """The mount point (the disk) that holds `path`."""
-    path = path.resolve()
-    while not os.path.ismount(path) and path != path.parent:
-        path = path.parent
-    return path
+def _save_trainer_state(state: dict, file: Path) -> None:
+    """torch.save, raising the disk's own OSError: torch's zip writer reports a full disk as a
+    RuntimeError ("unexpected pos ..."), which keeps the OSError only when writing a file object."""
+    with open(file, "wb") as f:
+        try:
+            torch.save(state, f)
+        except RuntimeError as err:
+            if isinstance(err.__context__, OSError):
+                raise err.__context__ from None
+            raise
+
+
+def _sha256(file: Path) -> str:
+    return hashlib.sha256(file.read_bytes()).hexdigest()
+
+
+def _records(model: TinyLM, tokenizer: Tokenizer, tokenizer_file: Path) -> dict[str, str]:
+    """model.safetensors' metadata: what loading checks model_config.json and tokenizer.json
+    against (a model_config.json with another n_head fits the same weights)."""
+    kind = "char" if isinstance(tokenizer, CharTokenizer) else "bpe"
+    # the model's shape: a run may continue with another dropout
+    shape = {k: v for k, v in model.config.to_dict().items() if k != "dropout"}
+    return {MODEL_RECORD: json.dumps(shape),
+            TOKENIZER_RECORD: json.dumps({"kind": kind, "vocab_size": tokenizer.vocab_size,
+                                          "sha256": _sha256(tokenizer_file)})}
 
 
 def save_checkpoint(run_dir: str | Path, model: TinyLM, tokenizer: Tokenizer, run_config: dict,
                     step: int, trainer_state: dict | None = None,
                     tags: tuple[str, ...] = ("last",)) -> Path:
-    """Write a complete checkpoint for `step` and point each tag ("last", "best") at it."""
+    """Write a complete checkpoint for `step` and point each tag ("last", "best") at it.
+
+    Raises CheckpointNotWritten, with nothing of this checkpoint left behind, when a file or a
+    tag cannot be written (a full disk, whichever writer meets it)."""
     for tag in tags:
         if tag not in TAGS:
             raise ValueError(f"checkpoint tag {tag!r} is not allowed; allowed: {', '.join(TAGS)}")
@@ -218,44 +256,58 @@ def save_checkpoint(run_dir: str | Path, model: TinyLM, tokenizer: Tokenizer, ru
         if not torch.isfinite(p).all():
             raise NonFiniteWeights(f"the weights are not finite ({param_name} holds NaN or inf)")
     checkpoints = Path(run_dir) / CHECKPOINTS_DIR
-    checkpoints.mkdir(parents=True, exist_ok=True)
 
     # A name no tag points at yet: saving the same step twice must not touch the first copy.
     name, n = f"step-{step:07d}", 1
     while (checkpoints / name).exists():
         name, n = f"step-{step:07d}-{n}", n + 1
-    tmp = checkpoints / f"{_TMP_PREFIX}{name}-{os.getpid()}"
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir()
-    try:
-        # save_model (not save_file) handles the tied embedding / LM head
-        safetensors.torch.save_model(model, str(tmp / WEIGHTS_FILE))
-        (tmp / MODEL_CONFIG_FILE).write_text(json.dumps(model.config.to_dict(), indent=2) + "\n")
-        (tmp / RUN_CONFIG_FILE).write_text(yaml.safe_dump(run_config, sort_keys=False))
-        tokenizer.save(str(tmp / TOKENIZER_FILE))
-        if trainer_state is not None:
-            torch.save(trainer_state, tmp / TRAINER_STATE_FILE)
-        for file in tmp.iterdir():
-            _fsync(file)
-        _fsync(tmp)
-    except (OSError, RuntimeError) as err:  # torch.save reports a full disk as RuntimeError
-        shutil.rmtree(tmp, ignore_errors=True)
-        disk = mount_point(checkpoints)
-        free = shutil.disk_usage(disk).free
-        full = getattr(err, "errno", None) == errno.ENOSPC or "No space" in str(err) or \
-            free < 2 * sum(p.numel() * p.element_size() for p in model.parameters())
-        reason = f"no space left on {disk} ({free / 2**20:.1f} MiB free)" if full else \
-            f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"
-        raise CheckpointNotWritten(f"the checkpoint of step {step} could not be written to "
-                                   f"{checkpoints}: {reason}") from err
+    final, tmp = checkpoints / name, checkpoints / f"{_TMP_PREFIX}{name}-{os.getpid()}"
 
-    os.rename(tmp, checkpoints / name)
-    _fsync(checkpoints)
-    for tag in tags:
-        _point(checkpoints, tag, name)
-    _fsync(checkpoints)
+    def write(file: str, writer) -> None:
+        """Write tmp/<file>; a failure names final/<file>, where it was to be (tmp is removed)."""
+        with reported(final / file):
+            try:
+                writer(tmp / file)
+            except NotWritten as err:  # the tokenizer's writer names its own temporary file
+                raise (err.__cause__ or err) from None
+
+    try:
+        with reported(final):
+            shutil.rmtree(tmp, ignore_errors=True)
+            tmp.mkdir(parents=True)
+        write(TOKENIZER_FILE, tokenizer.save)  # first: the weights record its sha256
+        # save_model (not save_file) handles the tied embedding / LM head
+        write(WEIGHTS_FILE, lambda f: safetensors.torch.save_model(
+            model, str(f), metadata=_records(model, tokenizer, tmp / TOKENIZER_FILE)))
+        write(MODEL_CONFIG_FILE,
+              lambda f: f.write_text(json.dumps(model.config.to_dict(), indent=2) + "\n"))
+        write(RUN_CONFIG_FILE, lambda f: f.write_text(yaml.safe_dump(run_config, sort_keys=False)))
+        if trainer_state is not None:
+            write(TRAINER_STATE_FILE, lambda f: _save_trainer_state(trainer_state, f))
+        with reported(final):
+            for file in tmp.iterdir():
+                fsync(file)
+            fsync(tmp)
+        for tag in tags:
+            with reported(checkpoints / tag):
+                _make_tag(checkpoints, tag, name)
+        with reported(final):
+            os.rename(tmp, final)
+            fsync(checkpoints)
+            for tag in tags:
+                os.replace(_new_tag(checkpoints, tag), checkpoints / tag)
+            fsync(checkpoints)
+    except BaseException as err:  # a full disk, or Ctrl-C: nothing of this checkpoint stays
+        shutil.rmtree(tmp, ignore_errors=True)
+        for tag in tags:
+            _new_tag(checkpoints, tag).unlink(missing_ok=True)
+        if checkpoints.is_dir():  # the new step, if it was renamed but never tagged
+            _remove_unreferenced(checkpoints)
+        if not isinstance(err, NotWritten):
+            raise
+        raise CheckpointNotWritten(str(err)) from err
     _remove_unreferenced(checkpoints)
-    return checkpoints / name
+    return final
 
 
 def resolve_checkpoint_dir(path: str | Path, prefer: str = "best") -> Path:
@@ -293,8 +345,22 @@ def resolve_checkpoint_dir(path: str | Path, prefer: str = "best") -> Path:
         f"{path / CHECKPOINTS_DIR}/best or {path / CHECKPOINTS_DIR}/last")
 
 
-def _read_model_config(file: Path, weights: Path) -> ModelConfig:
-    """The model config, checked against the weights file before any memory is allocated."""
+def _recorded(records: dict[str, str], key: str, weights: Path) -> dict:
+    """One of the records save_checkpoint keeps in the weights' metadata; {} in a checkpoint
+    written before there were any (it loads, with the checks that do without)."""
+    try:
+        value = json.loads(records.get(key, "{}"))
+    except json.JSONDecodeError:
+        value = None
+    if not isinstance(value, dict):
+        raise ValueError(f"{weights} holds an unreadable {key} record in its metadata; it is not "
+                         "a checkpoint that tinylm wrote")
+    return value
+
+
+def _read_model_config(file: Path, weights: Path) -> tuple[ModelConfig, dict[str, str]]:
+    """The model config, checked against the weights file before any memory is allocated, and
+    the weights file's metadata."""
     try:
         values = json.loads(file.read_text(encoding="utf-8"))
         config = ModelConfig(**values)
@@ -312,13 +378,22 @@ def _read_model_config(file: Path, weights: Path) -> ModelConfig:
     try:
         with safe_open(str(weights), "pt") as f:
             stored = sum(math.prod(f.get_slice(k).get_shape()) for k in f.keys())
+            records = f.metadata() or {}
     except (SafetensorError, OSError) as err:
         raise ValueError(f"{weights} is not a safetensors file (truncated or corrupt?): "
                          f"{str(err).splitlines()[0]}") from None
     if wanted != stored:
         raise ValueError(f"{file} describes a model of {wanted:,} parameters but {weights} "
                          f"holds {stored:,}: they are not one checkpoint")
-    return config
+    # the same number of parameters may still be another model (n_head splits them otherwise)
+    saved = {k: v for k, v in _recorded(records, MODEL_RECORD, weights).items()
+             if getattr(config, k, v) != v}
+    if saved:
+        raise ValueError(f"{file} says {', '.join(f'{k}={getattr(config, k)!r}' for k in saved)}"
+                         f" but {weights} was saved from a model with "
+                         f"{', '.join(f'{k}={v!r}' for k, v in saved.items())}: they are not one "
+                         f"checkpoint; set {', '.join(saved)} back")
+    return config, records
 
 
 def load_checkpoint(path: str | Path, device: str | torch.device = "cpu",
@@ -326,14 +401,7 @@ def load_checkpoint(path: str | Path, device: str | torch.device = "cpu",
     """Rebuild model and tokenizer from a checkpoint (see resolve_checkpoint_dir for `path`)."""
     directory = resolve_checkpoint_dir(path, prefer)
     weights = directory / WEIGHTS_FILE
-    config = _read_model_config(directory / MODEL_CONFIG_FILE, weights)
-    model = TinyLM(config)
-    try:
-        safetensors.torch.load_model(model, str(weights), strict=True)
-    except (SafetensorError, RuntimeError, OSError) as err:
-        raise ValueError(f"{weights} cannot be loaded into the model that "
-                         f"{directory / MODEL_CONFIG_FILE} describes (truncated or mismatched?):"
-                         f" {err}") from err
+    config, records = _read_model_config(directory / MODEL_CONFIG_FILE, weights)
 
     tokenizer_file = directory / TOKENIZER_FILE
     if not tokenizer_file.is_file():
@@ -342,6 +410,21 @@ def load_checkpoint(path: str | Path, device: str | torch.device = "cpu",
     if tokenizer.vocab_size != config.vocab_size:
         raise ValueError(f"{tokenizer_file} has {tokenizer.vocab_size} tokens but "
                          f"{directory / MODEL_CONFIG_FILE} says vocab_size={config.vocab_size}")
+    saved = _recorded(records, TOKENIZER_RECORD, weights)
+    if saved and _sha256(tokenizer_file) != saved.get("sha256"):
+        # as many tokens, other ids: a tokenizer.json copied from another corpus
+        raise ValueError(f"{tokenizer_file} is not the tokenizer {weights} was trained with (a "
+                         f"{saved.get('kind')} tokenizer of {saved.get('vocab_size')} tokens, "
+                         f"sha256 {str(saved.get('sha256'))[:16]}...); put back the "
+                         "tokenizer.json of the run that trained it")
+
+    model = TinyLM(config)
+    try:
+        safetensors.torch.load_model(model, str(weights), strict=True)
+    except (SafetensorError, RuntimeError, OSError) as err:
+        raise ValueError(f"{weights} cannot be loaded into the model that "
+                         f"{directory / MODEL_CONFIG_FILE} describes (truncated or mismatched?):"
+                         f" {err}") from err
 
     run_config_file = directory / RUN_CONFIG_FILE
     run_config = yaml.safe_load(run_config_file.read_text()) if run_config_file.is_file() else {}

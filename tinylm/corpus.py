@@ -17,6 +17,7 @@ import hashlib
 import os
 import socket
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -113,6 +114,16 @@ def check_embedded(root: Path, inputs: list[dict]) -> None:
                              f"{item['sha256']}, {CHECKSUMS} says {expected}; {RESTORE}")
 
 
+@contextmanager
+def reading(path: Path) -> Iterator[None]:
+    """Name a corpus file the system cannot read (a failing disk, no permission) in one line, as
+    bad input: an OSError here is no write that a disk refused."""
+    try:
+        yield
+    except OSError as err:
+        raise ValueError(f"corpus file {path} could not be read: {err.strerror or err}") from None
+
+
 def scan_file(path: Path, strict_utf8: bool, log: Callable[[str], None]) -> dict:
     """Size and SHA-256 of a corpus file; refuses empty files and (if strict) invalid UTF-8,
     else reports it through `log`."""
@@ -120,7 +131,7 @@ def scan_file(path: Path, strict_utf8: bool, log: Callable[[str], None]) -> dict
     decoder = codecs.getincrementaldecoder("utf-8")()
     consumed = newlines = 0  # bytes and line breaks before the current chunk
     has_text = bad_utf8 = False
-    with open(path, "rb") as f:
+    with reading(path), open(path, "rb") as f:
         while True:
             chunk = f.read(1 << 20)
             digest.update(chunk)
@@ -159,7 +170,7 @@ def read_rows(path: Path, sample_by: str, errors: str = "strict") -> Iterator[st
 
     The same rows as datasets' "text" loader: newlines are universal ("\\r\\n" reads as "\\n").
     """
-    with open(path, encoding="utf-8", errors=errors) as f:
+    with reading(path), open(path, encoding="utf-8", errors=errors) as f:
         if sample_by == "document":
             yield f.read()
             return

@@ -6,8 +6,9 @@
 
 prepare_data streams the corpus (tinylm/corpus.py) into <cache_dir>/<corpus>-<tokenizer>/
 {train.bin, val.bin, tokenizer.json, meta.json} (data/README.md). meta.json's fingerprint of the
-inputs and settings lets a later run reuse the directory; a build is renamed into place only when
-complete.
+inputs and settings lets a later run reuse the directory. A build is written into a hidden folder
+beside it and renamed into place only when complete and flushed to the disk; a full disk leaves the
+previous cache as it was, and what a killed prepare left is swept by the next one.
 """
 
 from __future__ import annotations
@@ -17,7 +18,6 @@ import hashlib
 import itertools
 import json
 import os
-import secrets
 import shutil
 import time
 from collections.abc import Callable
@@ -42,6 +42,7 @@ from tinylm.corpus import (
     scan_file,
     training_texts,
 )
+from tinylm.files import NotWritten, fsync, not_written, sweep_leftovers, temporary_name
 from tinylm.tokenizer import EOT, Tokenizer, TokenizerConfig, load_tokenizer, train_tokenizer
 
 FORMAT_VERSION = 1  # bump when what prepare_data writes changes: old caches then rebuild
@@ -161,7 +162,7 @@ class IdWriter:
             self.rows += 1
         if pieces:
             chunk = np.concatenate(pieces)
-            chunk.tofile(self.file)
+            self.file.write(chunk)  # not tofile: its error on a full disk has no errno
             self.tokens += len(chunk)
         self.pending, self.pending_chars = [], 0
 
@@ -210,25 +211,49 @@ def open_cache(directory: Path, expected: str) -> tuple[PreparedData | None, str
                         tokenizer, from_cache=True), None
 
 
-def hidden_sibling(directory: Path, label: str) -> Path:
-    """A fresh hidden name beside `directory`, unique to this process (for builds and trash)."""
-    return directory.with_name(f".{directory.name}.{label}-{os.getpid()}-{secrets.token_hex(4)}")
+def cache_path(data_cfg: DataConfig, tok_cfg: TokenizerConfig) -> Path:
+    """<cache_dir>/<corpus>-<tokenizer>: the folder prepare_data writes."""
+    return Path(data_cfg.cache_dir).expanduser() / f"{data_cfg.name}-{tok_cfg.name}"
+
+
+def nearest_folder(directory: Path, cache_dir: str) -> Path:
+    """The folder that `directory` is made in: its parent, or the nearest one above that exists.
+    A file or a link to nowhere where a folder must be (data.cache_dir=/etc/hostname) is
+    refused in one line, before anything is read or made."""
+    place = directory
+    while not place.is_dir():
+        if os.path.lexists(place):
+            what = f"a link to {os.readlink(place)}, which leads to no folder" \
+                if place.is_symlink() else "a file"
+            raise ValueError(f"data.cache_dir={cache_dir} cannot hold the prepared data: {place} "
+                             f"is {what}; name a folder with data.cache_dir=/path/to/folder")
+        place = place.parent
+    return directory.parent if place == directory else place
 
 
 def publish(build: Path, directory: Path) -> None:
-    """Move a finished build to `directory`, replacing an outdated one; never half-visible."""
+    """Flush a finished build to the disk and move it to `directory`, replacing an outdated one;
+    never half-visible. If the move fails, the outdated one stays."""
+    for file in build.iterdir():
+        fsync(file)
+    fsync(build)
     trash = None
     if directory.exists():
-        trash = hidden_sibling(directory, "old")
+        trash = temporary_name(directory, "old")
         os.rename(directory, trash)
     try:
         os.rename(build, directory)
     except OSError:
-        if not directory.is_dir():  # not "another process published the same build first"
-            raise
+        if directory.is_dir():  # another process published the same build first
+            return
+        if trash is not None:
+            os.rename(trash, directory)
+            trash = None
+        raise
     finally:
         if trash is not None:
             shutil.rmtree(trash, ignore_errors=True)
+    fsync(directory.parent)
 
 
 # ------------------------------------------------------------------------------- preparing
@@ -249,8 +274,12 @@ def prepare_data(data_cfg: DataConfig, tok_cfg: TokenizerConfig, *, force: bool 
                  log: Callable[[str], None]) -> PreparedData:
     """Tokenize the corpus into <cache_dir>/<name>-<tokenizer>/, or reuse it if it is current."""
     start = time.perf_counter()
-    cache_root = Path(data_cfg.cache_dir).expanduser()
-    directory = cache_root / f"{data_cfg.name}-{tok_cfg.name}"
+    directory = cache_path(data_cfg, tok_cfg)
+    folder = nearest_folder(directory, data_cfg.cache_dir)
+    writable = os.access(folder, os.W_OK | os.X_OK)  # False on a read-only disk, even for root
+    if writable and (removed := sweep_leftovers(directory.parent)):
+        log(f"Removed what an interrupted prepare left in {directory.parent}/: "
+            f"{', '.join(removed)}")
     if data_cfg.source == "local":
         root, why = data_root(data_cfg.data_root)
         files = resolve_files(root, data_cfg.files, data_cfg.name, why)
@@ -278,12 +307,15 @@ def prepare_data(data_cfg: DataConfig, tok_cfg: TokenizerConfig, *, force: bool 
         if why_not:
             log(f"Rebuilding {directory}/: {why_not}")
 
+    if not writable:
+        raise ValueError(f"data.cache_dir={data_cfg.cache_dir}: {folder} cannot be written (a "
+                         "read-only disk or no permission); name a folder you can write with "
+                         "data.cache_dir=/path/to/folder")
     plan = plan_local_split(data_cfg, files) if data_cfg.source == "local" \
         else plan_hub_split(data_cfg)
-    cache_root.mkdir(parents=True, exist_ok=True)
-    build = hidden_sibling(directory, "tmp")
-    build.mkdir()
+    build = temporary_name(directory)
     try:
+        build.mkdir(parents=True)
         if tok_cfg.name == "char":
             # Every character must get an id, the joiner's and validation's too (nanoGPT's
             # shakespeare_char also takes its vocabulary from the whole text).
@@ -315,6 +347,9 @@ def prepare_data(data_cfg: DataConfig, tok_cfg: TokenizerConfig, *, force: bool 
         (build / "meta.json").write_text(json.dumps(meta, indent=2, ensure_ascii=False) + "\n",
                                          encoding="utf-8")
         publish(build, directory)
+    except OSError as err:  # a full disk: name the cache, not the hidden build folder
+        raise not_written(directory, err.__cause__ if isinstance(err, NotWritten) else err) \
+            from err
     finally:
         shutil.rmtree(build, ignore_errors=True)
 

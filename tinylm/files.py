@@ -15,7 +15,7 @@ import re
 import secrets
 import shutil
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 
 import psutil
@@ -153,6 +153,7 @@ def published_atomically(directory: str | Path) -> Iterator[Path]:
     `directory` as it was and no temporary folder (for event files and figures of one report)."""
     directory = Path(directory)
     build = temporary_name(directory)
+    made = [p for p in Path(os.path.abspath(directory)).parents if not p.exists()]
     try:
         with reported(directory):
             build.mkdir(parents=True)
@@ -165,6 +166,12 @@ def published_atomically(directory: str | Path) -> Iterator[Path]:
                     fsync(file)
                     os.replace(file, target)
             fsync(directory)
+    except BaseException:
+        shutil.rmtree(build, ignore_errors=True)
+        for folder in made:  # the parents this call made, if nothing else arrived there
+            with suppress(OSError):
+                folder.rmdir()
+        raise
     finally:
         shutil.rmtree(build, ignore_errors=True)
 

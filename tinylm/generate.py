@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
+import psutil
 import torch
 import torch.nn.functional as F
 
@@ -20,6 +21,28 @@ from tinylm.model import TinyLM
 # The smallest temperature above 0: sampling divides the logits by it, and far smaller ones
 # overflow float32 (NaN) while sampling is already greedy here; temperature=0 says greedy plainly.
 MIN_TEMPERATURE = 1e-3
+# What a sample holds per token until it is printed and returned: the id in the output buffer
+# (8 bytes), the token's text piece (a str in a list) and its characters in the sample's text.
+# Measured under 40 bytes with a byte-level BPE; counted 128, as a longer piece takes more.
+TOKEN_BYTES = 128
+
+
+def refuse_unless_held(key: str, value: object, n: int, held: Callable[[int], float], rule: str,
+                       unit: str | None = None) -> None:
+    """Refuse `key=value` in one line, before any work, when the work would hold `held(n)` bytes
+    (n: the count the value sets; held grows with it) and they do not fit in the memory available
+    now. The line says `rule`, what the work holds, and the largest count that fits: as key=N,
+    or as N `unit`s when given."""
+    available = psutil.virtual_memory().available
+    if held(n) <= available:
+        return
+    fits, too_many = 0, n  # the largest count that fits lies in [fits, too_many)
+    while too_many - fits > 1:
+        middle = (fits + too_many) // 2
+        fits, too_many = (middle, too_many) if held(middle) <= available else (fits, middle)
+    allowed = f"at most {key}={fits}" if unit is None else f"{key} with at most {fits:,} {unit}"
+    raise ValueError(f"{key}={value} is more than the memory can hold: {rule}, and "
+                     f"{available / 2**20:,.0f} MiB are available now; give {allowed}")
 
 
 def sample_next(logits: torch.Tensor, temperature: float = 1.0, top_k: int | None = None,

@@ -22,6 +22,7 @@ from tokenizers import Tokenizer as HFTokenizer
 from tokenizers import decoders, models, pre_tokenizers, trainers
 
 from tinylm.config import integer, one_of
+from tinylm.files import write_text_atomic
 
 EOT = "<|endoftext|>"  # separates documents in the token stream; the model learns "story over"
 N_BYTES = 256  # byte-level BPE starts from one symbol per byte value
@@ -72,7 +73,8 @@ class Tokenizer(ABC):
 
     @abstractmethod
     def save(self, path: str | Path) -> None:
-        """Write the tokenizer to one JSON file (callers name it tokenizer.json)."""
+        """Write the tokenizer to one JSON file (callers name it tokenizer.json), whole or not at
+        all (a full disk raises NotWritten and leaves the file as it was)."""
 
     def encode(self, text: str) -> list[int]:
         """Ids of `text`; the literal string <|endoftext|> becomes eot_id."""
@@ -160,7 +162,7 @@ class BPETokenizer(Tokenizer):
         return labels
 
     def save(self, path: str | Path) -> None:
-        self.hf.save(str(path))
+        write_text_atomic(path, self.hf.to_str(pretty=True))
 
 
 class CharTokenizer(Tokenizer):
@@ -219,7 +221,7 @@ class CharTokenizer(Tokenizer):
 
     def save(self, path: str | Path) -> None:
         data = {"kind": "tinylm-char", "version": 1, "eot": EOT, "chars": self.chars}
-        Path(path).write_text(json.dumps(data, ensure_ascii=False), encoding="utf-8")
+        write_text_atomic(path, json.dumps(data, ensure_ascii=False))
 
 
 def train_tokenizer(cfg: TokenizerConfig, texts: Iterable[str],

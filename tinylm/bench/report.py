@@ -59,6 +59,9 @@ def run_bench(cfg: BenchConfig, print_fn: Callable[[str], None] | None = print) 
     """Run the chosen sections, printing each table as it finishes; return the report (also
     written to cfg.out, whole or not at all, if set)."""
     show = print_fn or (lambda text: None)
+    if cfg.out and Path(cfg.out).is_dir():  # refused before the work, not when writing it
+        raise ValueError(f"out={cfg.out} is a directory; name the report file, e.g. "
+                         f"out={Path(cfg.out) / 'bench.json'}")
     report = {"machine": {**machine(), "threads": cfg.threads}, "config": asdict(cfg),
               "sections": {}}
     load, cpus = report["machine"].get("load_average_1m"), report["machine"]["logical_cpus"]

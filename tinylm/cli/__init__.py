@@ -38,7 +38,6 @@ from omegaconf.errors import (
     OmegaConfBaseException,
     ValidationError,
 )
-
 from safetensors import SafetensorError
 
 from tinylm.config import ConfigError, to_dataclass
@@ -123,10 +122,13 @@ def command(prog: str, config_name: str, schema: type, run: Callable[[Any], Any]
         # Hydra prints its composition errors over several lines and exits, unless this
         # documented switch asks it to raise them: then they are told here in one line.
         os.environ["HYDRA_FULL_ERROR"] = "1"
-        try:
-            return run_or_exit(prog, compose_and_run, errors=())
-        except (HydraException, OmegaConfBaseException) as err:
-            sys.exit(f"{prog}: error: {one_line(err, schema, groups)}")
+
+        def compose_or_one_line() -> Any:
+            try:
+                return compose_and_run()
+            except (HydraException, OmegaConfBaseException) as err:  # some are OSErrors
+                sys.exit(f"{prog}: error: {one_line(err, schema, groups)}")
+        return run_or_exit(prog, compose_or_one_line, errors=())
     return main
 
 

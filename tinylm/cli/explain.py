@@ -19,8 +19,9 @@ from dataclasses import dataclass
 
 from tinylm.checkpoint import load_checkpoint
 from tinylm.cli import command
-from tinylm.config import flag, integer
+from tinylm.config import bad, flag, integer
 from tinylm.inspection.walkthrough import (
+    MAX_DIGITS,
     QKV_FILE_KEYS,
     Explanation,
     explain_given_multi_head,
@@ -59,6 +60,9 @@ class ExplainConfig:
     def __post_init__(self):
         for name, low in (("digits", 0), ("top", 1), ("layer", 0), ("head", 0)):
             integer(name, getattr(self, name), least=low)
+        if self.digits > MAX_DIGITS:
+            raise bad("digits", self.digits, f"must be at most {MAX_DIGITS}: the numbers are "
+                      "float32, exact to about 7 significant digits")
         check_threads_setting("threads", self.threads)
         for name in ("n_head", "d_model"):
             integer(name, getattr(self, name), least=1, null="for the default")

@@ -10,6 +10,9 @@ does; the sampling itself is tinylm/generate.py.
 
 from __future__ import annotations
 
+import os
+import select
+import stat
 import sys
 import time
 from dataclasses import asdict, dataclass
@@ -21,8 +24,25 @@ from tinylm.checkpoint import default_logdir, load_checkpoint
 from tinylm.cli import command
 from tinylm.config import ConfigError, bad, flag, integer, number, one_of
 from tinylm.device import resolve_device
-from tinylm.generate import MIN_TEMPERATURE, StreamDecoder, encode_prompt, generate
+from tinylm.generate import (
+    MIN_TEMPERATURE,
+    TOKEN_BYTES,
+    StreamDecoder,
+    encode_prompt,
+    generate,
+    refuse_unless_held,
+)
+from tinylm.inspection.capture import ATTENTION_BYTES, TEXT_TOKEN_BYTES
+from tinylm.model import ModelConfig
 from tinylm.train.threads import apply_threads, check_threads_setting, start_sample
+
+# Reading and tokenizing a prompt holds about 120 bytes per byte of it (measured: the text, its
+# ids and character spans); counted 256, for the tokenizer's own copy.
+PROMPT_BYTES = 256
+# How long a prompt file that is a pipe or a device (/dev/stdin, <(command)) may go silent
+PROMPT_WAIT_S = 10
+FILE_KINDS = {stat.S_ISFIFO: "a pipe", stat.S_ISCHR: "a character device",
+              stat.S_ISBLK: "a block device", stat.S_ISSOCK: "a socket"}
 
 
 @dataclass
@@ -57,6 +77,9 @@ class GenerateConfig:
         integer("top_k", self.top_k, least=1, null="for no limit")
         number("top_p", self.top_p, 0, 1, low_open=True, null="for no limit")
         integer("seed", self.seed)
+        if not -2**63 <= self.seed < 2**64:
+            raise bad("seed", self.seed, "must be an integer in [-2**63, 2**64): torch's "
+                      "generators take a 64-bit seed")
         integer("num_samples", self.num_samples, least=1)
         integer("top_words", self.top_words, least=1)
         flag("use_cache", self.use_cache)
@@ -68,19 +91,65 @@ class GenerateConfig:
 
 
 def _read_prompt(cfg: GenerateConfig) -> str:
-    """The prompt: prompt=, or the UTF-8 text of prompt_file=."""
+    """The prompt: prompt=, or the UTF-8 text of prompt_file=: a file, or a pipe or device
+    (/dev/stdin, <(command), /dev/null) read to its end, as long as it does not go silent."""
     if not cfg.prompt_file:
         return cfg.prompt
     path = Path(cfg.prompt_file)
     if path.is_dir():
         raise ValueError(f"prompt_file={path} is a directory; name a UTF-8 text file")
-    if not path.is_file():
+    if not path.exists():
         raise FileNotFoundError(f"prompt_file {path} does not exist")
+    try:  # without O_NONBLOCK, opening a pipe that no program writes to would wait forever
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+    except OSError as err:
+        raise ValueError(f"prompt_file {path} cannot be read: {err.strerror}") from None
     try:
-        return path.read_text(encoding="utf-8")
+        status = os.fstat(fd)
+        kind = next((k for is_kind, k in FILE_KINDS.items() if is_kind(status.st_mode)), None)
+        shown = f"{path} ({kind})" if kind else str(path)
+        data = bytearray()
+        while True:
+            refuse_unless_held("prompt_file", shown, max(len(data), status.st_size),
+                               lambda n: n * PROMPT_BYTES, "reading and tokenizing a prompt "
+                               f"holds about {PROMPT_BYTES} bytes per byte of it", unit="bytes")
+            if kind and os.name == "posix" and not select.select([fd], [], [], PROMPT_WAIT_S)[0]:
+                raise ValueError(f"prompt_file={shown} sent nothing for {PROMPT_WAIT_S} s; give "
+                                 "a file, or a pipe that a program writes the prompt to and "
+                                 "closes")
+            chunk = os.read(fd, 1 << 20)
+            if not chunk:
+                break
+            data += chunk
+    finally:
+        os.close(fd)
+    try:
+        text = data.decode("utf-8")
     except UnicodeDecodeError as err:
         raise ValueError(f"prompt_file {path} is not UTF-8 text (byte {err.start}: "
                          f"{err.reason})") from None
+    if not text:
+        print(f"note: prompt_file={shown} is empty: starting from <|endoftext|>, a fresh story",
+              file=sys.stderr)
+    return text.replace("\r\n", "\n").replace("\r", "\n")  # newlines as read_text gives them
+
+
+def _refuse_what_cannot_be_held(cfg: GenerateConfig, c: ModelConfig, n_prompt: int) -> None:
+    """Refuse max_new_tokens or num_samples before any work when the samples, and with
+    inspect=true one text's inspection, cannot be held in memory."""
+    fixed = 2 * c.n_layer * c.block_size * c.n_embd * 4  # the KV cache: float32 keys and values
+    each = TOKEN_BYTES + (TEXT_TOKEN_BYTES if cfg.inspect else 0)
+    if cfg.inspect:
+        fixed += ATTENTION_BYTES * c.n_layer * c.n_head * c.block_size ** 2
+    rule = f"each token of a sample holds about {each} bytes" + (
+        " (with inspect=true, its attention reading)" if cfg.inspect else "")
+    refuse_unless_held("max_new_tokens", cfg.max_new_tokens, cfg.max_new_tokens,
+                       lambda n: fixed + (n_prompt + 1 + n) * each, rule)
+    tokens = n_prompt + cfg.max_new_tokens + 1
+    refuse_unless_held("num_samples", cfg.num_samples, cfg.num_samples,
+                       lambda n: fixed + tokens * each + (n - 1) * tokens * TOKEN_BYTES,
+                       f"each sample of {n_prompt} + max_new_tokens={cfg.max_new_tokens} tokens "
+                       f"holds about {tokens * TOKEN_BYTES:,} bytes")
 
 
 def run_generate(cfg: GenerateConfig, out=None) -> list[str]:
@@ -100,6 +169,7 @@ def run_generate(cfg: GenerateConfig, out=None) -> list[str]:
     block_size = model.config.block_size
     prompt = _read_prompt(cfg) or ""  # prompt=null reads as empty
     prompt_ids, dropped = encode_prompt(tokenizer, prompt, block_size)
+    _refuse_what_cannot_be_held(cfg, model.config, len(prompt_ids))
     if dropped:
         # the text the model actually reads, so the streamed output lines up with it
         prompt = tokenizer.decode(prompt_ids)

@@ -10,9 +10,14 @@
 
 from __future__ import annotations
 
-from tinylm.cli import command, run_or_exit, run_schema, run_schemas
+import shlex
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+from tinylm.cli import command, key_and_value, run_or_exit, run_schema, run_schemas
 from tinylm.config import to_dataclass
-from tinylm.data import DataConfig, prepare_data
+from tinylm.data import DataConfig, cache_path, prepare_data
 from tinylm.tokenizer import TokenizerConfig
 
 
@@ -22,7 +27,20 @@ def prepare(values: dict) -> None:
     tokenizer = to_dataclass(TokenizerConfig, values["tokenizer"], "tokenizer")
     run_or_exit("tinylm-prepare", lambda: prepare_data(data, tokenizer, log=print),
                 interrupted="interrupted (no partial cache is left behind)",
-                errors=(ValueError, FileNotFoundError, RuntimeError))  # RuntimeError: the hub
+                errors=(ValueError, FileNotFoundError, RuntimeError),  # RuntimeError: the hub
+                intact=cache_intact("tinylm-prepare", cache_path(data, tokenizer)))
+
+
+def cache_intact(prog: str, cache: Path) -> Callable[[], str]:
+    """What a prepare that the disk refused says: the cache it would have replaced is as it
+    was, and the commands that continue, on this disk or on another."""
+    def intact() -> str:
+        before = f"{cache}/ is as it was" if cache.is_dir() else f"{cache}/ was not made"
+        args = [a for a in sys.argv[1:] if key_and_value(a)[0] != "data.cache_dir"]
+        return (f"{before}, and no build folder is left; once there is room, run the same "
+                f"command again: {shlex.join([prog, *sys.argv[1:]])}; or prepare on a disk "
+                f"with room: {shlex.join([prog, *args, 'data.cache_dir=/path/with/room'])}")
+    return intact
 
 
 main = command("tinylm-prepare", "prepare", run_schema(), prepare, build=dict,

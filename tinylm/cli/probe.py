@@ -7,11 +7,13 @@
 Output: a console summary; a JSON report (`out`, default <logdir>/probe.json) with the fields of
 tinylm.inspection.probe.probe's report, plus `checkpoint`, `probe_files` and `logdir`; layer x
 head heatmaps in TensorBoard (`logdir`, default <run dir>/probe/<timestamp>), also saved as PNG.
-Nothing is written until everything is computed.
+Nothing is written until everything is computed; then every file arrives whole, or (a full disk)
+none does.
 """
 
 from __future__ import annotations
 
+import json
 import sys
 import time
 from dataclasses import dataclass
@@ -22,7 +24,7 @@ from tinylm.checkpoint import default_logdir, load_checkpoint
 from tinylm.cli import command
 from tinylm.config import flag, integer, one_of
 from tinylm.device import resolve_device
-from tinylm.files import write_json_atomic
+from tinylm.files import published_atomically, write_json_atomic
 from tinylm.inspection.probe import format_report, probe, probe_files, write_probe_figures
 from tinylm.inspection.probe_items import load_probe_file
 from tinylm.train.threads import apply_threads, check_threads_setting, start_sample
@@ -89,9 +91,13 @@ def run_probe(cfg: ProbeConfig, out=None) -> dict:
     report = {"checkpoint": str(ckpt.directory), "probe_files": [str(p) for p in files],
               "logdir": str(logdir), **report}
     console = format_report(report, c.n_layer, c.n_head, cfg.top_heads)
-    # everything is computed; only now is anything written
-    write_json_atomic(json_path, report)
-    write_probe_figures(report, logdir, c.n_layer, c.n_head, console)
+    # everything is computed; only now is anything written, and all of it arrives at the end
+    with published_atomically(logdir) as folder:
+        write_probe_figures(report, folder, c.n_layer, c.n_head, console)
+        if cfg.out:
+            write_json_atomic(json_path, report)
+        else:
+            (folder / json_path.name).write_text(json.dumps(report, indent=2) + "\n")
     for line in console:
         print(line, file=out)
     print(f"[{seconds:.1f}s] report: {json_path}\nheatmaps: tensorboard --logdir {logdir}",

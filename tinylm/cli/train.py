@@ -12,6 +12,8 @@
 from __future__ import annotations
 
 import contextlib
+import logging
+import logging.handlers
 import os
 import shutil
 import signal
@@ -20,16 +22,29 @@ from pathlib import Path
 
 import torch.distributed as dist
 from hydra.core.hydra_config import HydraConfig
+from omegaconf import OmegaConf
 
-from tinylm.checkpoint import CheckpointNotWritten
-from tinylm.cli import command, run_or_exit, run_schema, run_schemas
+from tinylm.checkpoint import CHECKPOINTS_DIR, tagged_checkpoint
+from tinylm.cli import (
+    command,
+    given,
+    run_or_exit,
+    run_schema,
+    run_schemas,
+    same_command_again,
+)
 from tinylm.corpus import HubError
+from tinylm.files import write_text_atomic
 from tinylm.train.run_config import RunConfig
 from tinylm.train.runtime import TrainingInterrupted, init_distributed
 from tinylm.train.trainer import TrainingDiverged, train
 
 PROG = "tinylm-train"
-HYDRA_FILES = {".hydra", "train.log"}  # what Hydra writes into a run directory before the task
+RUN_DIR_KEY = "hydra.run.dir"
+SWEEP_RECORD = "multirun.yaml"  # what Hydra writes into a sweep's directory before its runs
+# Whether the run directory named on the command line was there before this command: a run that
+# is refused removes only a directory it made.
+named_run_dir_existed = False
 
 
 def run_config(values: dict) -> RunConfig:
@@ -38,19 +53,58 @@ def run_config(values: dict) -> RunConfig:
     return RunConfig.from_config(values, shared_run_dir(HydraConfig.get().runtime.output_dir))
 
 
-def remove_what_hydra_wrote() -> None:
-    """A run refused before it starts leaves nothing behind: its run directory goes if it holds
-    only what Hydra wrote into it, and so do the parents left empty (runs/<date>/), up to the
-    current directory."""
-    run_dir = Path(HydraConfig.get().runtime.output_dir)
-    if run_dir.resolve() != Path.cwd().resolve() and \
-            {p.name for p in run_dir.iterdir()} <= HYDRA_FILES:
-        shutil.rmtree(run_dir, ignore_errors=True)
-        cwd = Path.cwd().resolve()
-        for parent in run_dir.resolve().parents:
-            if parent == cwd or not parent.is_relative_to(cwd) or any(parent.iterdir()):
-                break
+def remove_new_run_dir(run_dir: str | Path) -> None:
+    """A run that ended before its first checkpoint, in a directory this command made, leaves
+    nothing behind: the directory goes, and so do the parents left empty (runs/<date>/), up to
+    the current directory. Rank 0 only: the directory is every rank's."""
+    run_dir, cwd = Path(run_dir).resolve(), Path.cwd().resolve()
+    if int(os.environ.get("RANK", "0")) > 0 or run_dir == cwd or not run_dir.is_dir() or \
+            named_run_dir_existed or tagged_checkpoint(run_dir / CHECKPOINTS_DIR, "last"):
+        return
+    shutil.rmtree(run_dir, ignore_errors=True)
+    for parent in run_dir.parents:
+        if parent == cwd or not parent.is_relative_to(cwd) or os.path.ismount(parent) or \
+                {p.name for p in parent.iterdir()} - {SWEEP_RECORD}:
+            break
+        with contextlib.suppress(OSError):  # another process may have written there meanwhile
+            (parent / SWEEP_RECORD).unlink(missing_ok=True)
             parent.rmdir()
+
+
+class LogFile(logging.FileHandler):
+    """<run dir>/train.log. A line the disk refuses ends the run in one line, as a checkpoint
+    the disk refuses does (logging would print a traceback per line and go on)."""
+
+    def handleError(self, record: logging.LogRecord) -> None:
+        raise  # noqa: PLE0704 (called inside emit's `except`: the write's own error)
+
+
+def start_record(cfg: RunConfig, held: logging.handlers.MemoryHandler) -> None:
+    """Once nothing can refuse the run any more, write its record: .hydra/ (the composed
+    config, Hydra's settings, the overrides: what a resume repeats) and train.log, which starts
+    with the lines `held` kept since the command began."""
+    hydra = HydraConfig.get()
+    record = Path(cfg.run_dir) / ".hydra"
+    write_text_atomic(record / "config.yaml", OmegaConf.to_yaml(cfg.to_dict()))
+    write_text_atomic(record / "hydra.yaml", OmegaConf.to_yaml({"hydra": hydra}))
+    write_text_atomic(record / "overrides.yaml", OmegaConf.to_yaml(hydra.overrides.task))
+    log_file = LogFile(Path(cfg.run_dir) / f"{hydra.job.name}.log", encoding="utf-8")
+    root = logging.getLogger()
+    log_file.setFormatter(next((h.formatter for h in root.handlers
+                                if isinstance(h, logging.StreamHandler)), None))
+    held.setTarget(log_file)
+    held.flush()
+    root.removeHandler(held)
+    root.addHandler(log_file)
+
+
+def what_is_intact(cfg: RunConfig) -> str:
+    """After a write the disk refused: the checkpoint a resume starts from, and its command."""
+    last = tagged_checkpoint(Path(cfg.run_dir) / CHECKPOINTS_DIR, "last")
+    if last is None:
+        return same_command_again(PROG)()
+    return (f"the last good checkpoint, {last}, is intact; once there is room, continue with: "
+            f"{PROG} train.resume=true {RUN_DIR_KEY}={cfg.run_dir}")
 
 
 def shared_run_dir(output_dir: str) -> str:
@@ -70,16 +124,29 @@ def shared_run_dir(output_dir: str) -> str:
 def run_training(cfg: RunConfig) -> float | None:
     """Train; say where the checkpoints are and what to run next. The return value (the final
     val loss) feeds Hydra's sweepers."""
+    held = logging.handlers.MemoryHandler(capacity=sys.maxsize)  # train.log's first lines
+    logging.getLogger().addHandler(held)
     try:
-        metrics = run_or_exit(PROG, lambda: train(cfg), errors=(
-            ValueError, FileNotFoundError, HubError, TrainingDiverged, CheckpointNotWritten))
+        metrics = run_or_exit(
+            PROG, lambda: train(cfg, on_start=lambda: start_record(cfg, held)),
+            errors=(ValueError, FileNotFoundError, HubError, TrainingDiverged),
+            intact=lambda: what_is_intact(cfg))
     except TrainingInterrupted as err:
         if err.checkpoint is not None:
             print(f"\n{PROG}: stopped by {signal.Signals(err.signum).name} at step {err.step}; "
                   f"saved {err.checkpoint}\ncontinue with:\n  {PROG} train.resume=true "
-                  f"hydra.run.dir={cfg.run_dir}", file=sys.stderr)
+                  f"{RUN_DIR_KEY}={cfg.run_dir}", file=sys.stderr)
         sys.exit(128 + err.signum)
+    except BaseException:
+        remove_new_run_dir(cfg.run_dir)
+        raise
     finally:
+        root = logging.getLogger()
+        root.removeHandler(held)  # a refused run's lines are dropped with it
+        for handler in root.handlers[:]:
+            if isinstance(handler, LogFile):  # a sweep's next run writes its own
+                root.removeHandler(handler)
+                handler.close()
         if dist.is_available() and dist.is_initialized():
             dist.destroy_process_group()
     if "checkpoint" in metrics:  # rank 0
@@ -106,15 +173,17 @@ def print_next_steps(metrics: dict, cfg: RunConfig) -> None:
           f"  tensorboard --logdir {run_dir}")
 
 
-compose_and_train = command(PROG, "config", run_schema(), run_training, build=run_config,
-                            schemas=run_schemas(), groups=("experiment",),
-                            refused=remove_what_hydra_wrote)
+compose_and_train = command(
+    PROG, "config", run_schema(), run_training, build=run_config, schemas=run_schemas(),
+    groups=("experiment",),
+    refused=lambda: remove_new_run_dir(HydraConfig.get().runtime.output_dir))
 
 
 def main() -> None:
-    """Console entry: under torchrun only rank 0 keeps Hydra's logs and .hydra/."""
-    if int(os.environ.get("RANK", "0")) > 0:
-        sys.argv += ["hydra.output_subdir=null", "hydra/job_logging=stdout"]
+    """Console entry."""
+    global named_run_dir_existed
+    named = given(RUN_DIR_KEY)
+    named_run_dir_existed = named is not None and Path(named).exists()
     compose_and_train()
 
 

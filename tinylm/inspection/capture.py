@@ -29,6 +29,11 @@ NAMES = frozenset((
     "Emma Molly Billy Jill Zoe Leo Mike Lisa Spot Rex Kitty").split())
 WORD_RE = re.compile(r"\w+(?:['’]\w+)*")  # letters/digits, keeping "Tom's" and "don't" whole
 SENTENCE_START = re.compile(r"[.!?:\n\"“”]")  # a gap containing these starts a new sentence
+# What inspecting one text holds, counted before it starts: per layer, head, query and key of the
+# window, the weights as float32 twice (the model's, the capture's) and as float64 four times
+# (the word-level readings): 40 bytes, counted 48. Per token of the whole text, its id,
+# character span, word and characters: about 310 bytes measured, counted 512.
+ATTENTION_BYTES, TEXT_TOKEN_BYTES = 48, 512
 
 
 @dataclass
@@ -199,14 +204,19 @@ def read_pronouns(capture: AttentionCapture, k: int = 3) -> list[PronounReading]
     """For each pronoun in view: every head's k most-attended earlier words, deciding and
     resolving; a position that cannot be read is listed in `skipped` with the reason."""
     words = capture.words
-    seen = set(capture.token_words)  # words with at least one token inside the window
-    word_weights = word_level(capture.weights, capture.token_words, len(words))  # (L, nh, W, W)
-    to_words = key_words(capture.weights, capture.token_words, len(words))  # (L, nh, T, W)
+    # The words with at least one token inside the window, numbered 0..W-1 among themselves: a
+    # long text's other words take no memory (the word-level weights are (L, nh, W, W)).
+    seen = {w: i for i, w in enumerate(sorted(set(capture.token_words) - {-1}))}
+    in_view = [seen.get(w, -1) for w in capture.token_words]
+    word_weights = word_level(capture.weights, in_view, len(seen))  # (L, nh, W, W)
+    to_words = key_words(capture.weights, in_view, len(seen))  # (L, nh, T, W)
     readings = []
-    for p, word in enumerate(words):
-        if word not in PRONOUNS or p not in seen:
+    for p in seen:
+        word = words[p]
+        if word not in PRONOUNS:
             continue
-        earlier = [w for w in range(p) if w in seen]
+        earlier = [w for w in seen if w < p]
+        local = [seen[w] for w in earlier]
         positions, skipped = {}, {}
         decider = deciding_token(capture.token_words, p)
         if decider is None:
@@ -216,11 +226,11 @@ def read_pronouns(capture: AttentionCapture, k: int = 3) -> list[PronounReading]
                                    "is not in the window")
         elif earlier:
             positions["deciding"] = _head_reading(capture, decider,
-                                                  to_words[:, :, decider, earlier], earlier, k)
+                                                  to_words[:, :, decider, local], earlier, k)
         if earlier:
             last = max(t for t, w in enumerate(capture.token_words) if w == p)
-            positions["resolving"] = _head_reading(capture, last, word_weights[..., p, earlier],
-                                                   earlier, k)
+            positions["resolving"] = _head_reading(
+                capture, last, word_weights[..., seen[p], local], earlier, k)
         for position in QUERY_POSITIONS:
             if position not in positions and position not in skipped:
                 skipped[position] = "no earlier word in view"

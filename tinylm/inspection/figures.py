@@ -2,7 +2,8 @@
 matplotlib's object API (no pyplot, no display, no global state).
 
     fig = attention_grid_figure(weights, tokens, "layer 0")   # weights (n_head, T, T)
-    log_figure(writer, "attention/layer_00/all_heads", fig, step, png_dir="out")  # + a PNG file
+    with published_atomically(logdir) as folder, event_writer(folder) as writer:
+        log_figure(writer, "attention/layer_00/all_heads", fig, png_dir=folder)  # + a PNG file
 
 In every attention heatmap rows are queries (the token looking), columns keys (the tokens looked
 at), the causal upper triangle is blank, and the colour scale is the square root of the weight,
@@ -12,7 +13,9 @@ so that small weights spread over many tokens stay visible next to one large one
 from __future__ import annotations
 
 import math
-from collections.abc import Collection, Sequence
+import threading
+from collections.abc import Collection, Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -314,10 +317,36 @@ def save_figure(fig: Figure, path: str | Path) -> Path:
 def log_figure(writer, tag: str, fig: Figure, step: int = 0,
                png_dir: str | Path | None = None) -> np.ndarray:
     """Render `fig` once; add it to a SummaryWriter as image `tag`, and as png_dir/<tag>.png
-    (the same pixels: drawing a figure twice would double the cost)."""
+    (the same pixels: drawing a figure twice would double the cost). png_dir is a folder that
+    published_atomically moves into place whole, as the writer's."""
     image = figure_to_image(fig)
     writer.add_image(tag, image, step, dataformats="HWC")
     if png_dir is not None:
-        with replaced_atomically(Path(png_dir) / f"{tag}.png") as tmp:
-            imsave(tmp, image, format="png")
+        png = Path(png_dir) / f"{tag}.png"
+        png.parent.mkdir(parents=True, exist_ok=True)
+        imsave(png, image, format="png")
     return image
+
+
+@contextmanager
+def event_writer(logdir: str | Path) -> Iterator:
+    """A TensorBoard SummaryWriter into `logdir`, flushed and closed when the block ends; give it
+    published_atomically's folder, so that a failed report leaves no half an event file.
+
+    A background thread writes the event file: a write the disk refuses (OSError) is raised here,
+    by the flush, and not also printed as that thread's traceback.
+    """
+    from torch.utils.tensorboard import SummaryWriter  # TensorBoard only where one is written
+
+    previous = threading.excepthook
+    threading.excepthook = lambda args: None if issubclass(args.exc_type, OSError) \
+        else previous(args)
+    try:
+        writer = SummaryWriter(log_dir=str(logdir))
+        try:
+            yield writer
+            writer.flush()  # raises what the thread met
+        finally:
+            writer.close()
+    finally:
+        threading.excepthook = previous

@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from tinylm.generate import refuse_unless_held
 from tinylm.inspection.capture import deciding_token, key_words, word_level
 from tinylm.inspection.probe_items import (
     SHIPPED_PROBES,
@@ -28,6 +29,7 @@ from tinylm.inspection.probe_items import (
     new_word_tokens,
     shipped_probe,
 )
+from tinylm.model import ModelConfig
 from tinylm.tables import columns
 
 ABLATION = "zeroed"  # how a head is removed: its output is multiplied by 0
@@ -249,6 +251,21 @@ def deciding_report(model, enc_names: list[EncodedAttentionItem],
     return result
 
 
+def refuse_batch_beyond_memory(c: ModelConfig, batch_size: int, passes: list[list[list[int]]]
+                               ) -> None:
+    """Refuse batch_size before any model work when a forward pass over a batch of the longest
+    sequences of `passes` (each pass's sequences, as ids) cannot be held: per token its logits
+    (float32) and activations (about 16 numbers of width n_embd), and per pair of tokens every
+    head's attention, kept twice (the model's, stacked)."""
+    longest = max((len(s) for sequences in passes for s in sequences), default=0)
+    each = 4 * longest * (c.vocab_size + 16 * c.n_embd + 2 * c.n_layer * c.n_head * longest)
+    largest_pass = max(len(sequences) for sequences in passes)
+    refuse_unless_held("batch_size", batch_size, batch_size,
+                       lambda n: min(n, largest_pass) * each,
+                       f"a forward pass holds about {each:,} bytes per sequence of up to "
+                       f"{longest} tokens (its logits and every head's attention)")
+
+
 def probe(model, tokenizer, items: list[ProbeItem], ablate: bool = False, batch_size: int = 64
           ) -> dict:
     """Score every head on the attention items, measure agreement (and ablations), and read every
@@ -266,6 +283,10 @@ def probe(model, tokenizer, items: list[ProbeItem], ablate: bool = False, batch_
     enc_names = [encode_attention_item(tokenizer, i, c.block_size) for i in agreement]
     enc_preference = [encode_agreement_item(tokenizer, attention[k], c.block_size, wrong[k])
                       for k in scored]
+    refuse_batch_beyond_memory(c, batch_size, [
+        [e.ids for e in enc_attention], [e.ids for e in enc_names],
+        [s for e in enc_agreement for s in (e.written, e.wrong)],
+        [s for e in enc_preference for s in (e.written, e.wrong)]])
 
     report: dict = {"n": len(attention), "heads": [], "best": None, "baselines": None,
                     "agreement": None, "ablation": None, "deciding": None, "evidence": None,
@@ -434,15 +455,14 @@ def format_report(report: dict, n_layer: int, n_head: int, top_heads: int = 5) -
     return lines
 
 
-def write_probe_figures(report: dict, logdir: str | Path, n_layer: int, n_head: int,
+def write_probe_figures(report: dict, folder: str | Path, n_layer: int, n_head: int,
                         console: list[str]) -> list[str]:
-    """Layer x head heatmaps to TensorBoard (and as <logdir>/<tag>.png) and the console report as
-    text; returns the image tags."""
+    """Layer x head heatmaps to TensorBoard (and as <folder>/<tag>.png) and the console report as
+    text, into `folder` (published_atomically's: the caller moves them into place); returns the
+    image tags."""
     # matplotlib and TensorBoard load only once a report is computed: --help, a bad option or a
     # bad probe line answer without waiting for them
-    from torch.utils.tensorboard import SummaryWriter
-
-    from tinylm.inspection.figures import layer_head_heatmap, log_figure
+    from tinylm.inspection.figures import event_writer, layer_head_heatmap, log_figure
 
     def heatmap(entries: list[dict], key: str, title: str, label: str, **kwargs):
         return layer_head_heatmap(_grid(entries, key, n_layer, n_head), title, label, **kwargs)
@@ -477,11 +497,8 @@ def write_probe_figures(report: dict, logdir: str | Path, n_layer: int, n_head: 
             report["ablation"], key,
             f"agreement: change in {key[6:].replace('_', ' ')} with the head {ABLATION}",
             key.replace("_", " "), fmt="{:+.2f}", center=0.0)
-    writer = SummaryWriter(log_dir=str(logdir))
-    try:
+    with event_writer(folder) as writer:
         for tag, fig in figures.items():
-            log_figure(writer, tag, fig, png_dir=logdir)
+            log_figure(writer, tag, fig, png_dir=folder)
         writer.add_text("probe/report", "\n".join("    " + line for line in console), 0)
-    finally:
-        writer.close()
     return list(figures)

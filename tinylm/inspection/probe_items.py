@@ -27,6 +27,9 @@ SHIPPED_PROBES = ("pronouns.jsonl", "agreement.jsonl")  # data/probes/ (a wheel:
 WORD_CHAR = re.compile(r"\w")
 
 
+MAX_PROBE_FILE_BYTES = 100 * 2**20  # a thousand times the shipped sets: no probe is larger
+
+
 class ProbeFileError(ValueError):
     """A probe line that cannot be used; the message starts with `<file>, line <n>:`."""
 
@@ -125,8 +128,14 @@ def parse_item(obj, where: str) -> ProbeItem:
 def load_probe_file(path: str | Path) -> list[ProbeItem]:
     """Read and check every line of a JSONL probe file; the first bad line raises ProbeFileError."""
     path = Path(path)
-    if not path.is_file():
+    if not path.exists():
         raise FileNotFoundError(f"probe file {path} does not exist")
+    if not path.is_file():  # a pipe or a device is never opened: it could block or never end
+        raise ProbeFileError(f"probe file {path} is not a regular file (a folder, pipe or "
+                             "device); give a JSONL file")
+    if path.stat().st_size > MAX_PROBE_FILE_BYTES:
+        raise ProbeFileError(f"probe file {path} holds {path.stat().st_size:,} bytes, more than "
+                             f"the {MAX_PROBE_FILE_BYTES:,} a probe set may have")
     items = []
     with path.open("rb") as f:
         for n, raw in enumerate(f, start=1):

@@ -7,14 +7,14 @@ summary and the pronoun tables) and inspect.json (the readings as records).
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import numpy as np
-from torch.utils.tensorboard import SummaryWriter
 
-from tinylm.files import replaced_atomically, write_json_atomic, write_text_atomic
+from tinylm.files import published_atomically
 from tinylm.inspection.capture import (
     QUERY_POSITIONS,
     AttentionCapture,
@@ -27,6 +27,7 @@ from tinylm.inspection.capture import (
 from tinylm.inspection.figures import (
     attention_grid_figure,
     attention_head_figure,
+    event_writer,
     label_step,
     log_figure,
     pronoun_bar_figure,
@@ -133,17 +134,18 @@ def tokens_table(capture: AttentionCapture) -> str:
     return "\n".join(lines)
 
 
-def write_inspection(capture: AttentionCapture, logdir: str | Path, prompt_chars: int = 0,
+def write_inspection(capture: AttentionCapture, folder: str | Path, prompt_chars: int = 0,
                      top_words: int = 3, meta: dict | None = None) -> list[str]:
-    """Write one text's attention to `logdir`; returns the console summary lines.
+    """Write one text's attention into `folder` (inspect_texts publishes it whole); returns the
+    console summary lines.
 
     TensorBoard tags: attention/layer_LL/all_heads, attention/layer_LL/head_HH (images),
     pronouns/NN_<pronoun> (bar charts and markdown tables), text/generated, text/tokens,
     pronouns/summary (text); a PNG file per image tag (attention/layer_00/head_03.png).
     inspect.json holds `meta` and the pronoun readings.
     """
-    logdir = Path(logdir)
-    logdir.mkdir(parents=True, exist_ok=True)
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
     n_layer, n_head, t, _ = capture.weights.shape
     readings = read_pronouns(capture, top_words)
     pronoun_tokens = [i for i, w in enumerate(capture.token_words)
@@ -158,8 +160,7 @@ def write_inspection(capture: AttentionCapture, logdir: str | Path, prompt_chars
              f"heatmap labels: {labelled(GRID_LABELS)} on the all-heads maps, "
              f"{labelled(HEAD_LABELS)} on the one-head maps; pronouns always, in red"]
 
-    writer = SummaryWriter(log_dir=str(logdir))
-    try:
+    with event_writer(folder) as writer:
         write_attention(writer, "inspect", capture, 0)  # the "tinylm attention" tab
         prompt, rest = capture.text[:prompt_chars].rstrip(), capture.text[prompt_chars:]
         rest = capture.text[len(prompt):prompt_chars] + rest  # keep emphasis off trailing spaces
@@ -170,13 +171,13 @@ def write_inspection(capture: AttentionCapture, logdir: str | Path, prompt_chars
         for layer in range(n_layer):
             fig = attention_grid_figure(capture.weights[layer], capture.tokens, f"layer {layer}",
                                         GRID_LABELS, pronoun_tokens)
-            log_figure(writer, f"attention/layer_{layer:02d}/all_heads", fig, png_dir=logdir)
+            log_figure(writer, f"attention/layer_{layer:02d}/all_heads", fig, png_dir=folder)
             for head in range(n_head):
                 fig = attention_head_figure(capture.weights[layer, head], capture.tokens,
                                             f"layer {layer} head {head}", HEAD_LABELS,
                                             pronoun_tokens)
                 log_figure(writer, f"attention/layer_{layer:02d}/head_{head:02d}", fig,
-                           png_dir=logdir)
+                           png_dir=folder)
         words = capture.words
         for n, r in enumerate(readings):
             tag = f"pronouns/{n:02d}_{r.pronoun}"
@@ -190,22 +191,19 @@ def write_inspection(capture: AttentionCapture, logdir: str | Path, prompt_chars
                      for ranked in row for w, _ in ranked
                      if is_name(capture.text, capture.word_spans, w)}
             fig = pronoun_bar_figure(panels, f"{r.pronoun!r} at character {r.char}", names)
-            log_figure(writer, tag, fig, png_dir=logdir)
-    finally:
-        writer.close()
+            log_figure(writer, tag, fig, png_dir=folder)
 
-    with replaced_atomically(logdir / "attention.npz") as tmp, open(tmp, "wb") as npz:
-        # a file object: given a path without ".npz", numpy would add the suffix to it
-        np.savez_compressed(
-            npz, weights=capture.weights, ids=np.array(capture.ids),
-            tokens=np.array(capture.tokens), offsets=np.array(capture.offsets).reshape(-1, 2),
-            word_spans=np.array(capture.word_spans).reshape(-1, 2),
-            token_words=np.array(capture.token_words), text=np.array(capture.text),
-            start=np.array(capture.start), n_text_tokens=np.array(capture.n_text_tokens))
-    write_text_atomic(logdir / "pronouns.md", "\n\n".join(
-        [*summary, *(pronoun_table(capture, r) for r in readings)]) + "\n")
+    np.savez_compressed(
+        folder / "attention.npz", weights=capture.weights, ids=np.array(capture.ids),
+        tokens=np.array(capture.tokens), offsets=np.array(capture.offsets).reshape(-1, 2),
+        word_spans=np.array(capture.word_spans).reshape(-1, 2),
+        token_words=np.array(capture.token_words), text=np.array(capture.text),
+        start=np.array(capture.start), n_text_tokens=np.array(capture.n_text_tokens))
+    (folder / "pronouns.md").write_text("\n\n".join(
+        [*summary, *(pronoun_table(capture, r) for r in readings)]) + "\n", encoding="utf-8")
     record = {**(meta or {}), "pronouns": pronoun_records(capture, readings)}
-    write_json_atomic(logdir / "inspect.json", record, default=str)
+    (folder / "inspect.json").write_text(json.dumps(record, indent=2, default=str) + "\n",
+                                         encoding="utf-8")
     return notes + summary
 
 
@@ -213,23 +211,25 @@ def inspect_texts(model, tokenizer, texts: Sequence[str], logdir: str | Path,
                   prompt_chars: int = 0, top_words: int = 3, meta: dict | None = None,
                   out: Callable[[str], None] | None = None) -> list[Path]:
     """Capture and write each text's attention (several texts: one TensorBoard run each).
+    Every file arrives in `logdir` at the end, whole, or none does (a full disk: NotWritten).
 
     `out` (e.g. print) gets the progress and summary lines, one call per line; None: silent.
     """
     say = out or (lambda line: None)
     logdir = Path(logdir)
     dirs = []
-    for i, text in enumerate(texts):
-        target = logdir if len(texts) == 1 else logdir / f"sample_{i + 1}"
-        if not text:
-            say(f"\nnothing to inspect in sample {i + 1}: the text is empty")
-            continue
-        # drawing takes about a second per figure: say what is going on
-        which = "the text" if len(texts) == 1 else f"sample {i + 1}"
-        say(f"\nwriting the attention of {which} to {target} ...")
-        lines = write_inspection(capture_attention(model, tokenizer, text), target,
-                                 prompt_chars, top_words, meta)
-        for line in lines:
-            say(f"  {line}")
-        dirs.append(target)
+    with published_atomically(logdir) as folder:
+        for i, text in enumerate(texts):
+            sample = Path() if len(texts) == 1 else Path(f"sample_{i + 1}")
+            if not text:
+                say(f"\nnothing to inspect in sample {i + 1}: the text is empty")
+                continue
+            # drawing takes about a second per figure: say what is going on
+            which = "the text" if len(texts) == 1 else f"sample {i + 1}"
+            say(f"\nwriting the attention of {which} to {logdir / sample} ...")
+            lines = write_inspection(capture_attention(model, tokenizer, text), folder / sample,
+                                     prompt_chars, top_words, meta)
+            for line in lines:
+                say(f"  {line}")
+            dirs.append(logdir / sample)
     return dirs

@@ -11,7 +11,8 @@ and checks them against the module's or the model's own forward pass (docs/atten
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from contextlib import nullcontext
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -25,12 +26,20 @@ from tinylm.attention import (
     unshifted_exps,
     value_terms,
 )
+from tinylm.files import published_atomically
+from tinylm.generate import refuse_unless_held
 from tinylm.tables import MAX_WIDTH, paragraph, side_by_side, table, vector
 
 # The worked example of docs/attention.md: 3 tokens, d = 2, Q = K.
 EXAMPLE_Q = [[1.0, 0.0], [0.0, 1.0], [1.0, 1.0]]
 EXAMPLE_V = [[1.0, 0.0], [0.0, 2.0], [1.0, 1.0]]
 QKV_FILE_KEYS = ("q", "k", "v", "x")
+# The numbers are float32, exact to about 7 significant digits: more decimals show only rounding.
+MAX_DIGITS = 9
+# What the walkthrough holds per number it prints: the number in each step and its text in a table
+# (a str in a list, its share of a line); counted 256 bytes. Reading a JSON or YAML file holds
+# about 200 bytes per byte of it (the parser's nodes, then the lists of numbers); counted 512.
+NUMBER_BYTES, QKV_FILE_BYTES = 256, 512
 
 
 def to_matrix(name: str, value: Any) -> torch.Tensor:
@@ -63,8 +72,12 @@ def to_matrix(name: str, value: Any) -> torch.Tensor:
 def read_qkv_file(path: str) -> dict[str, Any]:
     """Read a JSON or YAML file that maps some of q, k, v, x to lists of rows."""
     file = Path(path)
-    if not file.is_file():
+    if not file.exists():
         raise FileNotFoundError(f"qkv_file={path!r} does not exist")
+    if not file.is_file():  # a directory, a pipe or a device: it may never end
+        raise ValueError(f"qkv_file={path!r} is not a regular file; name a JSON or YAML file")
+    refuse_unless_held("qkv_file", path, file.stat().st_size, lambda n: n * QKV_FILE_BYTES,
+                       f"reading it holds about {QKV_FILE_BYTES} bytes per byte", unit="bytes")
     try:
         data = yaml.safe_load(file.read_text())
     except yaml.YAMLError as err:
@@ -157,6 +170,16 @@ def model_head_steps(model, idx: torch.Tensor, layer: int, head: int
     q, k, v = attn.project_heads(captured[0])  # (1, nh, T, hs)
     steps = attention_steps(q[0, head], k[0, head], v[0, head], is_causal=True)
     return steps, v[0, head], out.attentions[layer][0, head]
+
+
+def _refuse_unless_printable(key: str, n: int, unit: str | None,
+                             numbers: Callable[[int], int]) -> None:
+    """Refuse, before any work, a walkthrough that prints numbers(n) numbers (n: the `unit`s of
+    `key`, e.g. q's rows) when their tables cannot be held in memory."""
+    refuse_unless_held(key, n if unit is None else f"[{n:,} {unit}]", n,
+                       lambda m: numbers(m) * NUMBER_BYTES,
+                       f"the walkthrough would print {numbers(n):,} numbers, about "
+                       f"{NUMBER_BYTES} bytes each", unit)
 
 
 def _labels(prefix: str, n: int) -> list[str]:
@@ -315,6 +338,10 @@ def explain_given_qkv(given: dict, causal: bool = False, query: int | str | None
         raise ValueError(f"k has {k.size(0)} rows (tokens) but v has {v.size(0)}: each key needs "
                          "exactly one value")
 
+    t_k, d, d_v = k.size(0), q.size(1), v.size(1)
+    _refuse_unless_printable("q", q.size(0), "rows", lambda t_q: t_q * d + 3 * t_q * d_v + (
+        (t_q if k is q else t_k) * (d + d_v + 8 * t_q)))  # Q, output columns; K, V, the steps
+
     q_rows, k_cols = _labels("q", q.size(0)), _labels("k", k.size(0))
     i, note = resolve_query(query, q_rows, default=0)
 
@@ -373,6 +400,15 @@ def explain_given_multi_head(given: dict, n_head: int, d_model: int | None = Non
         raise ValueError(f"d_model={d_model} is not divisible by n_head={n_head}: each head "
                          f"takes d_model / n_head columns; use d_model in "
                          f"{[n_head * m for m in range(1, 4)]}")
+    def numbers(t: int, c: int) -> int:
+        """The numbers of the tables: W_q, W_k, W_v (C x C each); X, Q, K, V, the concatenated
+        heads and the output (T x C each); each head's masked scores and weights (T x T)."""
+        return 3 * c * c + 6 * t * c + 2 * n_head * t * t
+
+    if x is None:  # the random x has 3 rows
+        _refuse_unless_printable("d_model", d_model, None, lambda c: numbers(3, c))
+    else:
+        _refuse_unless_printable("x", x.size(0), "rows", lambda t: numbers(t, d_model))
     attn, x_random = example_attention(d_model, n_head, seed)
     x_given = x is not None
     x = x if x_given else x_random
@@ -467,20 +503,20 @@ def explain_model_head(model, tokenizer, text: str, layer: int = 0, head: int = 
 
 
 def write_figures(explanation: Explanation, png: str | None, logdir: str | None) -> list[str]:
-    """Write the heatmaps as a PNG and/or to TensorBoard; returns lines saying where."""
+    """Write the heatmaps as a PNG and/or to TensorBoard, each whole or (a full disk) neither;
+    returns lines saying where."""
     # imported here: only runs that ask for figures wait for matplotlib (and TensorBoard)
-    from tinylm.inspection.figures import save_figure, steps_figure
+    from tinylm.inspection.figures import event_writer, save_figure, steps_figure
 
     fig = steps_figure(explanation.panels, f"tinylm-explain: {explanation.title}")
     written = []
-    if png:
-        written.append(f"Figure written to {save_figure(fig, png)}")
-    if logdir:
-        from torch.utils.tensorboard import SummaryWriter
-
-        tag = "explain/" + explanation.title.replace(" ", "_").replace(",", "")
-        with SummaryWriter(logdir) as writer:
-            writer.add_figure(tag, fig, global_step=0)
-        written.append(f"TensorBoard figure {tag!r} written to {logdir} "
-                       f"(tensorboard --logdir {logdir})")
+    with published_atomically(logdir) if logdir else nullcontext() as folder:
+        if logdir:
+            tag = "explain/" + explanation.title.replace(" ", "_").replace(",", "")
+            with event_writer(folder) as writer:
+                writer.add_figure(tag, fig, global_step=0, close=False)
+            written.append(f"TensorBoard figure {tag!r} written to {logdir} "
+                           f"(tensorboard --logdir {logdir})")
+        if png:  # last: a failed event file leaves no PNG either
+            written.insert(0, f"Figure written to {save_figure(fig, png)}")
     return written

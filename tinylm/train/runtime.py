@@ -15,15 +15,18 @@ import re
 import signal
 import threading
 import time
+from dataclasses import replace
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
+import psutil
 import torch
 import torch.distributed as dist
 
-from tinylm.config import bad
+from tinylm.config import ConfigError, bad
 from tinylm.device import has_fast_bf16
+from tinylm.model import ModelConfig, TinyLM
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 PRECISIONS = ("auto", *DTYPES)
@@ -169,3 +172,25 @@ def matmul_peak_flops(device: torch.device, dtype: torch.dtype) -> float:
             torch.cuda.synchronize(device)
         best = min(best, time.perf_counter() - start)
     return 2 * n**3 / best
+
+
+def check_fits_in_memory(model_cfg: ModelConfig, vocab_size: int, batch_size: int,
+                         device: torch.device) -> None:
+    """Refuse, before anything is allocated, a run whose model cannot fit in the memory free on
+    `device`. The estimate is a floor: fp32 weights, their gradients and at least one optimizer
+    state (12 bytes a parameter, counted on the meta device), and one batch's residual stream
+    per layer and logits; a run that fails it would end in an allocation error later."""
+    with torch.device("meta"):
+        params = sum(p.numel() for p in TinyLM(replace(model_cfg, vocab_size=vocab_size))
+                     .parameters())
+    T, C = model_cfg.block_size, model_cfg.n_embd
+    needed = 12 * params + 4 * batch_size * T * (model_cfg.n_layer * C + vocab_size)
+    free = torch.cuda.mem_get_info(device)[0] if device.type == "cuda" else \
+        psutil.virtual_memory().available
+    if needed > free:
+        raise ConfigError(
+            f"the model does not fit in memory: {params:,} parameters (model.n_layer="
+            f"{model_cfg.n_layer}, model.n_embd={C}, vocab {vocab_size:,}) and a batch of "
+            f"train.batch_size={batch_size} x model.block_size={T} need at least "
+            f"{needed / 2**30:,.1f} GiB, but {free / 2**30:,.1f} GiB are free on {device}; "
+            "choose a smaller model or batch")

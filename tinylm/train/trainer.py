@@ -17,6 +17,7 @@ import logging
 import math
 import signal
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -29,7 +30,6 @@ from tqdm.contrib.logging import logging_redirect_tqdm
 from tinylm.checkpoint import (
     CHECKPOINTS_DIR,
     TOKENIZER_FILE,
-    CheckpointNotWritten,
     NonFiniteWeights,
     resolve_checkpoint_dir,
     run_dir_lock,
@@ -54,6 +54,7 @@ from tinylm.train.runtime import (
     StopSignals,
     TrainingInterrupted,
     all_reduce,
+    check_fits_in_memory,
     compiler_missing,
     gather,
     init_distributed,
@@ -71,9 +72,11 @@ class TrainingDiverged(RuntimeError):
     """The loss or the gradients became NaN or infinite; the last good checkpoint is kept."""
 
 
-def train(cfg: RunConfig) -> dict:
+def train(cfg: RunConfig, on_start: Callable[[], None] | None = None) -> dict:
     """Train a model as `cfg` says; returns the final metrics and where things were written.
 
+    `on_start` is called (on rank 0) once nothing can refuse the run any more, before its first
+    write into the run directory: the command writes its record of the run there.
     Raises ConfigError for bad input (before any work), RunDirInUse when another process writes
     cfg.run_dir, TrainingInterrupted after Ctrl-C or SIGTERM (a checkpoint saved first),
     TrainingDiverged when the loss or the weights stop being finite, CheckpointNotWritten when
@@ -81,11 +84,13 @@ def train(cfg: RunConfig) -> dict:
     back to what it was when it returns.
     """
     rank, _, _ = init_distributed()
+    check_fits_in_memory(cfg.model, cfg.model.vocab_size or cfg.tokenizer.vocab_size or 1,
+                         cfg.train.batch_size, resolve_device(cfg.train.device))
     threads = torch.get_num_threads()
     try:
         # rank 0 writes the run directory; the lock keeps a second run from writing it too
         with run_dir_lock(cfg.run_dir) if rank == 0 else contextlib.nullcontext():
-            return Trainer(cfg).run()
+            return Trainer(cfg, on_start).run()
     except Exception as err:  # torch.compile builds its kernels in the first step
         missing = compiler_missing(err) if cfg.train.compile else None
         if missing is None:
@@ -102,7 +107,7 @@ class Trainer:
     writes logs and checkpoints.
     """
 
-    def __init__(self, cfg: RunConfig):
+    def __init__(self, cfg: RunConfig, on_start: Callable[[], None] | None = None):
         cpu_sample = start_sample()  # threads=auto: how busy the cores are during start-up
         t = self.t = cfg.train
         self.cfg, self.run_dir = cfg, Path(cfg.run_dir)
@@ -152,6 +157,11 @@ class Trainer:
             self.step, self.best_val, self.tokens_seen = 0, math.inf, 0
             if resume_from is not None:
                 self._resume(resume_from, prepared.directory / TOKENIZER_FILE)
+            if self.is_main:  # nothing can refuse the run any more: its first writes
+                if on_start is not None:
+                    on_start()
+                self.logs.open(self.run_dir / TENSORBOARD_DIR, self.step,
+                               self.run_config.to_dict())
         except BaseException:  # e.g. a resume refused: no figure will be drawn
             self.close_logs(wait=False)
             raise
@@ -163,7 +173,6 @@ class Trainer:
                 self.forward, device_ids=[device.index] if device.type == "cuda" else None)
 
         if self.is_main:
-            self.logs.open(self.run_dir / TENSORBOARD_DIR, self.step, self.run_config.to_dict())
             # MFU: the FLOPs the model does per token against what the matmuls could do
             self.peak_flops = matmul_peak_flops(device, self.dtype) * self.world_size
             self.info(f"Model: {self.model.num_params() / 1e6:.2f}M parameters "
@@ -303,10 +312,6 @@ class Trainer:
                             self.run_config.to_dict(), self.step, state, tags)
         except NonFiniteWeights as err:
             raise self._diverged(f"by step {self.step}: {err}") from None
-        except CheckpointNotWritten as err:
-            raise CheckpointNotWritten(f"{err}; {self._last_good()}; make room, then continue "
-                                       f"with train.resume=true hydra.run.dir={self.run_dir}"
-                                       ) from None
 
     def _resume(self, directory: Path, tokenizer_file: Path) -> None:
         state = restore(directory, self.run_config.to_dict(), tokenizer_file, self.model,

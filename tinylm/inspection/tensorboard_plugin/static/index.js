@@ -39,13 +39,22 @@ async function getJSON(url) {
   return response.json();
 }
 
+// A text the server skipped answers {problem} in place of its data: say why, as a problem line.
+function unlessSkipped(answer) {
+  if (answer.problem) throw new Error(problemLine(answer.problem));
+  return answer;
+}
+
 async function loadText(run, tag) {
   const start = performance.now();
   const query = `run=${encodeURIComponent(run)}&tag=${encodeURIComponent(tag)}`;
   const [content, buffer] = await Promise.all([
-    getJSON(`attention?${query}`),
-    fetch(`weights?${query}`).then((r) => {
+    getJSON(`attention?${query}`).then(unlessSkipped),
+    fetch(`weights?${query}`).then(async (r) => {
       if (!r.ok) throw new Error(`weights of ${run} ${tag}: HTTP ${r.status}`);
+      if (r.headers.get("Content-Type").startsWith("application/json")) {
+        unlessSkipped(await r.json());
+      }
       return r.arrayBuffer();
     }),
   ]);
@@ -295,8 +304,6 @@ function drawPronounPanel() {
 
 function drawProbeGrids() {
   el.probes.replaceChildren(...state.probes.map((report) => {
-    if (report.error) return make("p", {className: "problem",
-                                        textContent: `${report.path}: ${report.error}`});
     const rows = report.accuracy.map((row, layer) => make("tr", {},
       make("th", {textContent: `L${layer}`}),
       ...row.map((accuracy, head) => {
@@ -363,24 +370,36 @@ function selectHead(layer, head) {
 
 // ------------------------------------------------------------------------------- the tab
 
-function drawListing() {
-  const {texts, problems, empty} = state.listing;
-  el.problems.replaceChildren(...problems.map((p) => make("p", {className: "problem",
-    textContent: `Cannot read run "${p.run}"${p.file ? `, file ${p.file}` : ""}: ${p.message}`})));
+// What the server skipped, in one line: each message starts with the file or tag it is about.
+function problemLine(p) {
+  return `Skipped ${p.run === undefined ? "" : `run "${p.run}", `}${p.message}`;
+}
+
+function showProblem(text) {
+  el.problems.append(make("p", {className: "problem", textContent: text}));
+}
+
+function drawListing(problems) {
+  const {texts, empty} = state.listing;
+  problems.forEach((p) => showProblem(problemLine(p)));
   el.empty.textContent = empty || "";
   el.main.hidden = !texts.length;
   fillSelect(el.text, texts.map((t, i) => [i, `${t.run} · ${t.name}`]), 0);
 }
 
+// Load and draw one text; false (and a problem line saying why) when it cannot be drawn.
 async function chooseText(index, step = null) {
   state.text = state.listing.texts[index];
+  el.text.value = String(index);
   const steps = state.text.steps;
   const chosen = step === null ? steps[steps.length - 1] : steps.find((s) => s.step === step);
   fillSelect(el.step, steps.map((s) => [s.step, `step ${s.step}`]), chosen.step);
   try {
     await loadText(state.text.run, chosen.tag);
+    return true;
   } catch (error) {
-    el.problems.append(make("p", {className: "problem", textContent: String(error)}));
+    showProblem(error.message);
+    return false;
   }
 }
 
@@ -435,11 +454,19 @@ export async function render() {
   el.tokens.addEventListener("mouseover", onTokenEvent);
   el.tokens.addEventListener("click", onTokenEvent);
 
-  const [listing, probes] = await Promise.all([getJSON("texts"), getJSON("probes")]);
-  state.listing = listing;
-  state.probes = probes.reports;
-  drawListing();
-  if (listing.texts.length) await chooseText(0);
+  // one route that fails leaves the other's data drawn, and says what failed
+  const failed = (what) => (error) => {
+    showProblem(`Cannot load the ${what}: ${error.message}`);
+    return null;
+  };
+  const [listing, probes] = await Promise.all([
+    getJSON("texts").catch(failed("list of texts")),
+    getJSON("probes").catch(failed("probe reports"))]);
+  state.listing = listing || {texts: [], problems: [], empty: ""};
+  state.probes = probes ? probes.reports : [];
+  drawListing([...state.listing.problems, ...(probes ? probes.problems : [])]);
+  // the first text that can be drawn: a skipped one is named among the problems
+  for (let i = 0; i < state.listing.texts.length && !(await chooseText(i)); i++);
   window.tinylmTiming.firstDrawMs = performance.now();
   document.body.dataset.ready = "true";  // for the browser test: the first draw is done
 }
