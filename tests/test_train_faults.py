@@ -89,6 +89,12 @@ def test_a_start_that_fails_before_its_first_checkpoint_leaves_no_run_directory(
     said = tinylm_train(monkeypatch, corpus, "model.n_embd=7,9", "-m")  # a sweep's first run
     assert "model.n_embd=7 is not allowed" in said
     assert list(tmp_path.iterdir()) == []
+    (tmp_path / "notes").write_text("mine")
+    for named in ("notes", "notes/run"):
+        said = tinylm_train(monkeypatch, corpus, f"hydra.run.dir={named}")
+        assert said == (f"tinylm-train: error: hydra.run.dir={named} cannot hold the run: notes "
+                        "is a file; name a folder with hydra.run.dir=/path/to/folder")
+    (tmp_path / "notes").unlink()
     (tmp_path / "mine").mkdir()  # a directory the user made is theirs: it stays
     tinylm_train(monkeypatch, corpus, "hydra.run.dir=mine", "train.resume=true")
     assert [p.name for p in tmp_path.iterdir()] == ["mine"] and not any((tmp_path / "mine")

@@ -305,7 +305,7 @@ def save_checkpoint(run_dir: str | Path, model: TinyLM, tokenizer: Tokenizer, ru
             _remove_unreferenced(checkpoints)
         if not isinstance(err, NotWritten):
             raise
-        raise CheckpointNotWritten(str(err)) from err
+        raise CheckpointNotWritten(str(err), err.errno) from err
     _remove_unreferenced(checkpoints)
     return final
 

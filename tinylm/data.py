@@ -42,7 +42,14 @@ from tinylm.corpus import (
     scan_file,
     training_texts,
 )
-from tinylm.files import NotWritten, fsync, not_written, sweep_leftovers, temporary_name
+from tinylm.files import (
+    NotWritten,
+    fsync,
+    nearest_folder,
+    not_written,
+    sweep_leftovers,
+    temporary_name,
+)
 from tinylm.tokenizer import EOT, Tokenizer, TokenizerConfig, load_tokenizer, train_tokenizer
 
 FORMAT_VERSION = 1  # bump when what prepare_data writes changes: old caches then rebuild
@@ -216,21 +223,6 @@ def cache_path(data_cfg: DataConfig, tok_cfg: TokenizerConfig) -> Path:
     return Path(data_cfg.cache_dir).expanduser() / f"{data_cfg.name}-{tok_cfg.name}"
 
 
-def nearest_folder(directory: Path, cache_dir: str) -> Path:
-    """The folder that `directory` is made in: its parent, or the nearest one above that exists.
-    A file or a link to nowhere where a folder must be (data.cache_dir=/etc/hostname) is
-    refused in one line, before anything is read or made."""
-    place = directory
-    while not place.is_dir():
-        if os.path.lexists(place):
-            what = f"a link to {os.readlink(place)}, which leads to no folder" \
-                if place.is_symlink() else "a file"
-            raise ValueError(f"data.cache_dir={cache_dir} cannot hold the prepared data: {place} "
-                             f"is {what}; name a folder with data.cache_dir=/path/to/folder")
-        place = place.parent
-    return directory.parent if place == directory else place
-
-
 def publish(build: Path, directory: Path) -> None:
     """Flush a finished build to the disk and move it to `directory`, replacing an outdated one;
     never half-visible. If the move fails, the outdated one stays."""
@@ -275,7 +267,8 @@ def prepare_data(data_cfg: DataConfig, tok_cfg: TokenizerConfig, *, force: bool 
     """Tokenize the corpus into <cache_dir>/<name>-<tokenizer>/, or reuse it if it is current."""
     start = time.perf_counter()
     directory = cache_path(data_cfg, tok_cfg)
-    folder = nearest_folder(directory, data_cfg.cache_dir)
+    folder = nearest_folder(directory, "data.cache_dir", data_cfg.cache_dir,
+                            "cannot hold the prepared data")
     writable = os.access(folder, os.W_OK | os.X_OK)  # False on a read-only disk, even for root
     if writable and (removed := sweep_leftovers(directory.parent)):
         log(f"Removed what an interrupted prepare left in {directory.parent}/: "

@@ -9,6 +9,7 @@ process left is swept by the next run in the same place (`sweep_leftovers`).
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import re
@@ -42,27 +43,36 @@ class NotWritten(OSError):
     what its place held before is intact and no temporary file is left. The message is one line:
     what, where, why, and the free space of that disk."""
 
+    def __init__(self, message: str, code: int | None = None):
+        super().__init__(message)
+        self.errno = code  # ENOSPC: the disk is full
 
-def free_space(path: str | Path) -> str:
-    """"12.0 MiB free on /mnt/data": the free space of the disk that holds `path` (or would)."""
+
+def disk_of(path: str | Path) -> Path:
+    """The mount point of the disk that holds `path`, or would hold it."""
     place = Path(os.path.abspath(path))
     while not place.exists() and place != place.parent:
         place = place.parent
     while not os.path.ismount(place) and place != place.parent:
         place = place.parent
-    try:
-        return f"{shutil.disk_usage(place).free / 2**20:,.1f} MiB free on {place}"
-    except OSError:
-        return f"free space on {place} unknown"
+    return place
 
 
 def not_written(path: str | Path, err: BaseException) -> NotWritten:
-    """The NotWritten that reports `err`, raised while writing `path`."""
+    """The NotWritten that reports `err`, raised while writing `path`, with the free space of
+    its disk. A writer that gives no errno (safetensors) on a disk with no room left is taken
+    as having met a full disk (ENOSPC)."""
     lines = str(err).strip().splitlines()
     reason = getattr(err, "strerror", None) or (lines[0] if lines else type(err).__name__)
-    error = NotWritten(f"{path} could not be written: {reason} ({free_space(path)})")
-    error.errno = getattr(err, "errno", None)
-    return error
+    disk, errno_ = disk_of(path), getattr(err, "errno", None)
+    try:
+        free = shutil.disk_usage(disk).free
+        space = f"{free / 2**20:,.1f} MiB free on {disk}"
+        if errno_ is None and free < 2**20:
+            errno_ = errno.ENOSPC
+    except OSError:
+        space = f"free space on {disk} unknown"
+    return NotWritten(f"{path} could not be written: {reason} ({space})", errno_)
 
 
 # What a writer raises when the disk refuses it: safetensors reports its own SafetensorError.
@@ -120,6 +130,21 @@ def sweep_leftovers(directory: str | Path) -> list[str]:
             entry.unlink(missing_ok=True)
         removed.append(entry.name)
     return removed
+
+
+def nearest_folder(directory: Path, key: str, value: object, purpose: str) -> Path:
+    """The folder that `directory` is made in: its parent, or the nearest one above that exists.
+    A file or a link to nowhere where a folder must be (data.cache_dir=/etc/hostname) is
+    refused in one line naming `key`, before anything is read or made."""
+    place = directory
+    while not place.is_dir():
+        if os.path.lexists(place):
+            what = f"a link to {os.readlink(place)}, which leads to no folder" \
+                if place.is_symlink() else "a file"
+            raise ValueError(f"{key}={value} {purpose}: {place} is {what}; name a folder with "
+                             f"{key}=/path/to/folder")
+        place = place.parent
+    return directory.parent if place == directory else place
 
 
 @contextmanager

@@ -17,6 +17,7 @@ dataclasses' own checks (tinylm.config).
 from __future__ import annotations
 
 import dataclasses
+import errno
 import os
 import shlex
 import signal
@@ -134,14 +135,15 @@ def command(prog: str, config_name: str, schema: type, run: Callable[[Any], Any]
 
 def run_or_exit(prog: str, action: Callable[[], T], interrupted: str = "interrupted",
                 errors: tuple[type[Exception], ...] = ERRORS,
-                intact: Callable[[], str] | None = None) -> T:
+                intact: Callable[[str], str] | None = None) -> T:
     """Run `action`; a bad input exits with one line `<prog>: error: ...`, not a traceback.
 
     A write the disk refused (a full disk) is one line too: what could not be written where, the
-    free space, and then `intact()`: what is still intact and the command that continues
-    (default: the same command again). Ctrl-C exits with 130 and SIGTERM with 143 (128 + the
-    signal), as a shell reports a process the signal ended: a script running the command sees
-    that it was stopped, not that it failed.
+    free space, and then `intact(when)`: what is still intact and the command that continues
+    `when` (e.g. "once there is room"); by default, the same command again.
+
+    Ctrl-C exits with 130 and SIGTERM with 143 (128 + the signal), as a shell reports a process
+    the signal ended: a script running the command sees that it was stopped, not that it failed.
     """
     try:
         return action()
@@ -150,16 +152,18 @@ def run_or_exit(prog: str, action: Callable[[], T], interrupted: str = "interrup
     except (OSError, SafetensorError) as err:
         if not isinstance(err, NotWritten):
             err = not_written(getattr(err, "filename", None) or "a file", err)
-        sys.exit(f"{prog}: error: {err}; {(intact or same_command_again(prog))()}")
+        when = "once there is room" if err.errno in (errno.ENOSPC, errno.EDQUOT) else \
+            "once it can be written there"
+        sys.exit(f"{prog}: error: {err}; {(intact or same_command_again(prog))(when)}")
     except KeyboardInterrupt as err:
         print(f"\n{prog}: {interrupted}", file=sys.stderr)
         sys.exit(128 + getattr(err, "signum", signal.SIGINT))
 
 
-def same_command_again(prog: str) -> Callable[[], str]:
+def same_command_again(prog: str) -> Callable[[str], str]:
     """What a command that writes only whole files says after a failed write."""
-    return lambda: ("nothing was left half-written; once there is room, run the same command "
-                    f"again: {shlex.join([prog, *sys.argv[1:]])}")
+    return lambda when: (f"nothing was left half-written; {when}, run the same command again: "
+                         f"{shlex.join([prog, *sys.argv[1:]])}")
 
 
 def stop_on_sigterm() -> None:

@@ -31,13 +31,13 @@ def prepare(values: dict) -> None:
                 intact=cache_intact("tinylm-prepare", cache_path(data, tokenizer)))
 
 
-def cache_intact(prog: str, cache: Path) -> Callable[[], str]:
+def cache_intact(prog: str, cache: Path) -> Callable[[str], str]:
     """What a prepare that the disk refused says: the cache it would have replaced is as it
     was, and the commands that continue, on this disk or on another."""
-    def intact() -> str:
+    def intact(when: str) -> str:
         before = f"{cache}/ is as it was" if cache.is_dir() else f"{cache}/ was not made"
         args = [a for a in sys.argv[1:] if key_and_value(a)[0] != "data.cache_dir"]
-        return (f"{before}, and no build folder is left; once there is room, run the same "
+        return (f"{before}, and no build folder is left; {when}, run the same "
                 f"command again: {shlex.join([prog, *sys.argv[1:]])}; or prepare on a disk "
                 f"with room: {shlex.join([prog, *args, 'data.cache_dir=/path/with/room'])}")
     return intact

@@ -34,7 +34,7 @@ from tinylm.cli import (
     same_command_again,
 )
 from tinylm.corpus import HubError
-from tinylm.files import write_text_atomic
+from tinylm.files import nearest_folder, write_text_atomic
 from tinylm.train.run_config import RunConfig
 from tinylm.train.runtime import TrainingInterrupted, init_distributed
 from tinylm.train.trainer import TrainingDiverged, train
@@ -98,18 +98,18 @@ def start_record(cfg: RunConfig, held: logging.handlers.MemoryHandler) -> None:
     root.addHandler(log_file)
 
 
-def what_is_intact(cfg: RunConfig) -> str:
+def what_is_intact(cfg: RunConfig, when: str) -> str:
     """After a write the disk refused: the checkpoint a resume starts from, and its command."""
     last = tagged_checkpoint(Path(cfg.run_dir) / CHECKPOINTS_DIR, "last")
     if last is None:
-        return same_command_again(PROG)()
-    return (f"the last good checkpoint, {last}, is intact; once there is room, continue with: "
+        return same_command_again(PROG)(when)
+    return (f"the last good checkpoint, {last}, is intact; {when}, continue with: "
             f"{PROG} train.resume=true {RUN_DIR_KEY}={cfg.run_dir}")
 
 
 def shared_run_dir(output_dir: str) -> str:
     """Under torchrun, rank 0's run directory for every rank: ${now:...} may differ by a second
-    between ranks, and a rank's own directory, empty (see main), is removed."""
+    between ranks, and a rank's own directory, left empty, is removed."""
     rank, _, world_size = init_distributed()
     if world_size == 1:
         return output_dir
@@ -130,7 +130,7 @@ def run_training(cfg: RunConfig) -> float | None:
         metrics = run_or_exit(
             PROG, lambda: train(cfg, on_start=lambda: start_record(cfg, held)),
             errors=(ValueError, FileNotFoundError, HubError, TrainingDiverged),
-            intact=lambda: what_is_intact(cfg))
+            intact=lambda when: what_is_intact(cfg, when))
     except TrainingInterrupted as err:
         if err.checkpoint is not None:
             print(f"\n{PROG}: stopped by {signal.Signals(err.signum).name} at step {err.step}; "
@@ -184,6 +184,9 @@ def main() -> None:
     global named_run_dir_existed
     named = given(RUN_DIR_KEY)
     named_run_dir_existed = named is not None and Path(named).exists()
+    if named is not None:
+        run_or_exit(PROG, lambda: nearest_folder(Path(named), RUN_DIR_KEY, named,
+                                                 "cannot hold the run"))
     compose_and_train()
 
 
