@@ -45,7 +45,7 @@ import yaml
 from filelock import FileLock, Timeout
 from safetensors import SafetensorError, safe_open
 
-from tinylm.files import NotWritten, fsync, reported
+from tinylm.files import NotWritten, fsync, remove, reported
 from tinylm.model import ModelConfig, TinyLM
 from tinylm.tokenizer import CharTokenizer, Tokenizer, load_tokenizer
 
@@ -158,10 +158,7 @@ def _remove_leftovers(checkpoints: Path) -> list[str]:
     holding the run directory's lock, which proves that no other process is writing here."""
     removed = []
     for entry in checkpoints.glob(f"{_TMP_PREFIX}*") if checkpoints.is_dir() else ():
-        if entry.is_dir() and not entry.is_symlink():
-            shutil.rmtree(entry, ignore_errors=True)
-        else:
-            entry.unlink(missing_ok=True)
+        remove(entry)
         removed.append(entry.name)
     return removed
 

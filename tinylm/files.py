@@ -124,12 +124,17 @@ def sweep_leftovers(directory: str | Path) -> list[str]:
         match = _LEFTOVER.match(entry.name)
         if not match or psutil.pid_exists(int(match["pid"])):
             continue
-        if entry.is_dir() and not entry.is_symlink():
-            shutil.rmtree(entry, ignore_errors=True)
-        else:
-            entry.unlink(missing_ok=True)
+        remove(entry)
         removed.append(entry.name)
     return removed
+
+
+def remove(path: Path) -> None:
+    """Remove a file or a link, or a folder with all it holds (never what a link points at)."""
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        path.unlink(missing_ok=True)
 
 
 def nearest_folder(directory: Path, key: str, value: object, purpose: str) -> Path:
@@ -165,10 +170,7 @@ def replaced_atomically(path: str | Path) -> Iterator[Path]:
             fsync(tmp)
             os.replace(tmp, path)
     finally:
-        if tmp.is_dir() and not tmp.is_symlink():
-            shutil.rmtree(tmp, ignore_errors=True)
-        else:
-            tmp.unlink(missing_ok=True)
+        remove(tmp)
 
 
 @contextmanager
