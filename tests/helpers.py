@@ -45,11 +45,13 @@ def schemas() -> dict[str, type]:
     """ConfigStore name -> the dataclass that is the schema of that group or command config."""
     from tinylm.bench.config import BenchConfig
     from tinylm.cli.explain import ExplainConfig
+    from tinylm.cli.export import ExportConfig
     from tinylm.cli.generate import GenerateConfig
     from tinylm.cli.probe import ProbeConfig
 
     return {**run_schemas(), "generate_schema": GenerateConfig, "probe_schema": ProbeConfig,
-            "explain_schema": ExplainConfig, "bench_schema": BenchConfig}
+            "explain_schema": ExplainConfig, "bench_schema": BenchConfig,
+            "export_schema": ExportConfig}
 
 
 def compose(config_name, overrides=(), return_hydra_config=False):

@@ -3,7 +3,8 @@
 The arithmetic, explained with a worked example in docs/attention.md:
 
     scores  = Q Kᵀ / √d                      how well each query matches each key
-    scores  = masked_fill(mask, -inf)        the causal mask hides future positions
+    scores  = masked_fill(mask, -inf)        the causal mask hides future positions (and, in a
+                                             local layer, those a window or more back)
     weights = softmax(scores - row max)      each row sums to 1; the max keeps exp() finite
     output  = weights V                      each query's output is a weighted sum of values
 
@@ -29,26 +30,33 @@ LOG2_E = math.log2(math.e)  # e^x = 2^(x·log₂e)
 
 
 @lru_cache(maxsize=64)
-def causal_mask(t_q: int, t_k: int, device: torch.device | str = "cpu") -> torch.Tensor:
+def causal_mask(t_q: int, t_k: int, device: torch.device | str = "cpu",
+                window: int | None = None) -> torch.Tensor:
     """Upper-triangular causal mask of shape (t_q, t_k): True where a query must not look.
 
     The queries are the *last* t_q of the t_k positions (with a KV cache, t_q new tokens follow
-    t_k - t_q cached ones), so query i sits at absolute position t_k - t_q + i and may see keys
-    0 .. t_k - t_q + i. Built once per (t_q, t_k, device) and cached; treat it as read-only.
+    t_k - t_q cached ones), so query i sits at absolute position p = t_k - t_q + i and may see keys
+    0 .. p. With a `window` (a local layer, as in GPT-Neo) it sees only p - window + 1 .. p: the
+    triangle becomes a band (docs/pretrained.md draws both). Built once per (t_q, t_k, device,
+    window) and cached; treat it as read-only.
     """
     if t_q > t_k:
         raise ValueError(f"causal_mask: t_q={t_q} queries cannot follow only t_k={t_k} keys")
     # a normal tensor even when first asked for under inference_mode (generation): autograd
     # reuses the cached mask later and cannot save an inference tensor for backward
     with torch.inference_mode(False):
-        return torch.ones(t_q, t_k, dtype=torch.bool, device=device).triu(diagonal=t_k - t_q + 1)
+        ones = torch.ones(t_q, t_k, dtype=torch.bool, device=device)
+        future = ones.triu(diagonal=t_k - t_q + 1)
+        if window is None:
+            return future
+        return future | ones.tril(diagonal=t_k - t_q - window)  # keys window or more back
 
 
 class AttentionSteps(NamedTuple):
     """Every intermediate of scaled dot-product attention, for teaching and inspection."""
 
     scores: torch.Tensor  # q·kᵀ, (..., T_q, T_k)
-    scaled: torch.Tensor  # scores / √d
+    scaled: torch.Tensor  # scores / √d (scores · scale, where a scale is given)
     masked: torch.Tensor  # scaled with hidden positions set to -inf
     row_max: torch.Tensor  # max over each row's visible scores, (..., T_q, 1)
     shifted: torch.Tensor  # masked - row_max: what exp() is taken of, every entry <= 0
@@ -60,13 +68,13 @@ class AttentionSteps(NamedTuple):
 
 def attention_steps(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                     mask: torch.Tensor | None = None, is_causal: bool = False,
-                    dropout_p: float = 0.0) -> AttentionSteps:
+                    dropout_p: float = 0.0, scale: float | None = None) -> AttentionSteps:
     """Scaled dot-product attention, keeping each step. Shapes: q (..., T_q, d), k/v (..., T_k, d).
 
     `mask` is boolean and broadcastable to (..., T_q, T_k); True marks a position the query must
     not see. `is_causal` adds the causal mask (queries are the last T_q of T_k positions).
     `dropout_p` drops weights before they mix the values (training only); the returned weights
-    are the ones before dropout.
+    are the ones before dropout. `scale` multiplies the scores instead of 1/√d (GPT-Neo: 1.0).
     """
     d = q.size(-1)
     if k.size(-1) != d:
@@ -77,7 +85,7 @@ def attention_steps(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
 
     scores = q @ k.transpose(-2, -1)  # (..., T_q, T_k)
     # softmax is computed in fp32 even under bf16 autocast: exp() of bf16 scores loses digits
-    scaled = scores.float() / math.sqrt(d)
+    scaled = scores.float() / math.sqrt(d) if scale is None else scores.float() * scale
 
     hidden = mask
     if is_causal:
@@ -123,14 +131,17 @@ def value_terms(weights: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
 
 def scaled_dot_product_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                                  mask: torch.Tensor | None = None, is_causal: bool = False,
-                                 dropout_p: float = 0.0) -> tuple[torch.Tensor, torch.Tensor]:
+                                 dropout_p: float = 0.0, scale: float | None = None
+                                 ) -> tuple[torch.Tensor, torch.Tensor]:
     """softmax(q·kᵀ/√d, masked) · v. Returns (output (..., T_q, d_v), weights (..., T_q, T_k))."""
-    steps = attention_steps(q, k, v, mask=mask, is_causal=is_causal, dropout_p=dropout_p)
+    steps = attention_steps(q, k, v, mask=mask, is_causal=is_causal, dropout_p=dropout_p,
+                            scale=scale)
     return steps.output, steps.weights
 
 
 def softmax_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                      dropout_p: float = 0.0) -> torch.Tensor:
+                      dropout_p: float = 0.0, scale: float | None = None,
+                      window: int | None = None) -> torch.Tensor:
     """Causal attention_steps(...).output keeping no step: the fast path on a CPU for bf16,
     where it beats PyTorch's fused kernel, and for dropout, which that kernel lacks.
 
@@ -138,17 +149,20 @@ def softmax_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     same kernel that scales q·kᵀ, and PyTorch's softmax subtracts the row max just as
     attention_steps does. PyTorch's CPU softmax computes in fp32 even for bf16 scores and rounds
     only its result, the rounding attention_steps applies before weights·v, so no separate cast
-    pass is needed. Queries are the last T_q of T_k positions, as in causal_mask.
+    pass is needed. Queries are the last T_q of T_k positions, as in causal_mask; `scale` and
+    `window` as there and in attention_steps.
     """
     *batch, t_q, d = q.shape
     t_k = k.size(-2)
     # causal_mask as an additive bias: -inf strictly above the diagonal of the last T_q rows.
     # Built here rather than taken from causal_mask's cache, which torch.compile cannot trace.
-    hidden = torch.full((t_q, t_k), float("-inf"), dtype=q.dtype, device=q.device).triu(
-        t_k - t_q + 1)
+    far = torch.full((t_q, t_k), float("-inf"), dtype=q.dtype, device=q.device)
+    hidden = far.triu(t_k - t_q + 1)
+    if window is not None:  # a local layer: -inf also on the keys window or more back
+        hidden = hidden + far.tril(t_k - t_q - window)
     # (b, T_q, T_k) with b = B * nh: bmm-shaped views, since baddbmm takes 3-d tensors
     scores = torch.baddbmm(hidden, q.reshape(-1, t_q, d), k.reshape(-1, t_k, d).transpose(1, 2),
-                           alpha=1 / math.sqrt(d))
+                           alpha=1 / math.sqrt(d) if scale is None else scale)
     weights = torch.softmax(scores, dim=-1)
     weights = dropout(weights, dropout_p)
     return (weights @ v.reshape(-1, t_k, v.size(-1))).view(*batch, t_q, v.size(-1))
@@ -239,15 +253,18 @@ class MultiHeadAttention(nn.Module):
     forward(x, need_weights=True) takes the explicit path above and returns the per-head weights
     (B, n_head, T_q, T_k). Otherwise a fast path computes the same thing: PyTorch's fused kernel,
     or softmax_attention for bf16 or dropout on a CPU; tests/test_attention.py checks that the
-    paths agree.
+    paths agree. Two options that pretrained models need (tinylm/pretrained.py): `scale`
+    multiplies q·kᵀ instead of 1/√head_size (GPT-Neo: 1.0, no scaling), and `window` makes a
+    local layer, whose queries see only the last `window` positions (themselves included).
     """
 
-    def __init__(self, n_embd: int, n_head: int, dropout: float = 0.0, bias: bool = True):
+    def __init__(self, n_embd: int, n_head: int, dropout: float = 0.0, bias: bool = True,
+                 scale: float | None = None, window: int | None = None):
         super().__init__()
         if n_embd % n_head != 0:
             raise ValueError(f"n_embd={n_embd} must be divisible by n_head={n_head}")
         self.n_embd, self.n_head, self.head_size = n_embd, n_head, n_embd // n_head
-        self.dropout = dropout
+        self.dropout, self.scale, self.window = dropout, scale, window
         # one matmul for Q, K and V together; split afterwards
         self.qkv_proj = nn.Linear(n_embd, 3 * n_embd, bias=bias)
         self.out_proj = nn.Linear(n_embd, n_embd, bias=bias)
@@ -260,6 +277,13 @@ class MultiHeadAttention(nn.Module):
         # (3, B, nh, T, hs), then one (B, nh, T, hs) view each: fewer calls than split, view
         # and transpose per tensor, which counts when decoding one token at a time
         return qkv.permute(2, 0, 3, 1, 4).unbind(0)
+
+    def steps(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+              dropout_p: float = 0.0) -> AttentionSteps:
+        """attention_steps with this layer's mask and scale; q (..., T_q, hs), k/v (..., T_k, hs)
+        as project_heads gives them (queries are the last T_q of T_k positions)."""
+        mask = causal_mask(q.size(-2), k.size(-2), q.device, self.window)
+        return attention_steps(q, k, v, mask=mask, dropout_p=dropout_p, scale=self.scale)
 
     def forward(self, x: torch.Tensor, kv_cache: LayerCache | None = None,
                 need_weights: bool = False, head_mask: torch.Tensor | None = None
@@ -278,13 +302,14 @@ class MultiHeadAttention(nn.Module):
         dropout_p = self.dropout if self.training else 0.0
 
         if need_weights:
-            y, weights = scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=dropout_p)
+            steps = self.steps(q, k, v, dropout_p)
+            y, weights = steps.output, steps.weights
         else:
             weights = None
             if q.device.type == "cpu" and (q.dtype == torch.bfloat16 or dropout_p > 0):
                 # PyTorch's fused CPU kernel is slow in bf16, where plain bmm + softmax beats
                 # it, and has no dropout (PyTorch then falls back to F.dropout's costlier mask)
-                y = softmax_attention(q, k, v, dropout_p)
+                y = softmax_attention(q, k, v, dropout_p, self.scale, self.window)
             else:
                 y = self._fused_attention(q, k, v, dropout_p)
 
@@ -294,14 +319,18 @@ class MultiHeadAttention(nn.Module):
         y = self.resid_dropout(self.out_proj(y))
         return y, weights
 
-    @staticmethod
-    def _fused_attention(q, k, v, dropout_p: float) -> torch.Tensor:
+    def _fused_attention(self, q, k, v, dropout_p: float) -> torch.Tensor:
         """PyTorch's fused kernel on q (B, nh, T, hs) and the cached k, v (B, nh, T_k, hs)."""
         T, t_k = q.size(2), k.size(2)
-        if T == t_k:
-            return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=True)
-        if T == 1:  # one new token sees every cached position: nothing to mask
-            return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p)
-        # the fused kernel's is_causal aligns queries to the first keys, not the last
-        visible = ~causal_mask(T, t_k, q.device)
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=visible, dropout_p=dropout_p)
+        if self.window is None or t_k <= self.window:  # no key is yet a window back
+            if T == t_k:
+                return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p,
+                                                      is_causal=True, scale=self.scale)
+            if T == 1:  # one new token sees every cached position: nothing to mask
+                return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p,
+                                                      scale=self.scale)
+        # the fused kernel's is_causal aligns queries to the first keys, not the last, and
+        # knows no band
+        visible = ~causal_mask(T, t_k, q.device, self.window)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=visible, dropout_p=dropout_p,
+                                              scale=self.scale)

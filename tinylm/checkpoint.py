@@ -47,6 +47,7 @@ from safetensors import SafetensorError, safe_open
 
 from tinylm.files import NotWritten, fsync, remove, reported
 from tinylm.model import ModelConfig, TinyLM
+from tinylm.pretrained import is_pretrained, load_pretrained, model_name
 from tinylm.tokenizer import CharTokenizer, Tokenizer, load_tokenizer
 
 CHECKPOINTS_DIR = "checkpoints"
@@ -395,7 +396,11 @@ def _read_model_config(file: Path, weights: Path) -> tuple[ModelConfig, dict[str
 
 def load_checkpoint(path: str | Path, device: str | torch.device = "cpu",
                     prefer: str = "best") -> Checkpoint:
-    """Rebuild model and tokenizer from a checkpoint (see resolve_checkpoint_dir for `path`)."""
+    """Rebuild model and tokenizer from a checkpoint (see resolve_checkpoint_dir for `path`), or
+    from a Hugging Face GPT-2 / GPT-Neo: hf:<id> or its folder (tinylm/pretrained.py)."""
+    if is_pretrained(path):
+        model, tokenizer, directory = load_pretrained(path)
+        return Checkpoint(directory, model.to(device), model.config, tokenizer, {}, None)
     directory = resolve_checkpoint_dir(path, prefer)
     weights = directory / WEIGHTS_FILE
     config, records = _read_model_config(directory / MODEL_CONFIG_FILE, weights)
@@ -432,8 +437,12 @@ def load_checkpoint(path: str | Path, device: str | torch.device = "cpu",
 
 
 def default_logdir(checkpoint_dir: Path, kind: str = "inspect") -> Path:
-    """<run dir>/<kind>/<timestamp> for a checkpoint inside <run dir>/checkpoints/."""
+    """<run dir>/<kind>/<timestamp> for a checkpoint inside <run dir>/checkpoints/; for a
+    pretrained model, whose folder may be the hub's cache, runs/pretrained/<name>/<kind>/..."""
+    stamp = time.strftime("%Y-%m-%d_%H-%M-%S")
+    if is_pretrained(checkpoint_dir):
+        return Path("runs") / "pretrained" / model_name(checkpoint_dir) / kind / stamp
     run_dir = Path(checkpoint_dir).parent
     if run_dir.name == "checkpoints":
         run_dir = run_dir.parent
-    return run_dir / kind / time.strftime("%Y-%m-%d_%H-%M-%S")
+    return run_dir / kind / stamp

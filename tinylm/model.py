@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from tinylm.attention import KVCache, MultiHeadAttention
-from tinylm.config import divisible, flag, integer, number
+from tinylm.config import bad, divisible, flag, integer, number, one_of
 from tinylm.dropout import Dropout
 from tinylm.loss import lm_head_cross_entropy
 
@@ -35,6 +35,11 @@ class ModelConfig:
     n_embd: int = 128
     dropout: float = 0.1  # the default run sees its ~1 MB corpus ~20 times: regularise
     bias: bool = False  # biases in Linear and LayerNorm layers
+    # What GPT-2 and GPT-Neo do otherwise (tinylm/pretrained.py); the defaults are tinylm's own.
+    activation: str = "gelu"  # the MLP's GELU: gelu (exact, erf) | gelu_tanh (GPT-2's tanh form)
+    attention_scale: bool = True  # divide q·kᵀ by √head_size; GPT-Neo does not
+    attention_layers: list[str] | None = None  # per layer: global | local; None: all global
+    window_size: int | None = None  # positions a local layer's query sees, itself included
 
     def __post_init__(self):
         for name in ("block_size", "n_layer", "n_head", "n_embd"):
@@ -43,6 +48,23 @@ class ModelConfig:
         divisible("model.n_embd", self.n_embd, "model.n_head", self.n_head)
         number("model.dropout", self.dropout, 0, 1, high_open=True)
         flag("model.bias", self.bias)
+        one_of("model.activation", self.activation, ("gelu", "gelu_tanh"))
+        flag("model.attention_scale", self.attention_scale)
+        layers = self.attention_layers
+        if layers is not None and (not isinstance(layers, list) or len(layers) != self.n_layer
+                                   or not set(layers) <= {"global", "local"}):
+            raise bad("model.attention_layers", layers, f"must list global or local for each of "
+                      f"the {self.n_layer} layers, or be null for all global")
+        integer("model.window_size", self.window_size, least=1, null="without local layers")
+        if layers and "local" in layers and self.window_size is None:
+            raise bad("model.window_size", None, "must be an integer >= 1 where "
+                      "model.attention_layers has local layers: the positions they see")
+
+    def layer_window(self, i: int) -> int | None:
+        """How many positions layer i's queries see: window_size in a local layer, else None
+        (every position up to their own)."""
+        local = self.attention_layers is not None and self.attention_layers[i] == "local"
+        return self.window_size if local else None
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -64,18 +86,21 @@ class MLP(nn.Module):
         self.fc = nn.Linear(config.n_embd, 4 * config.n_embd, bias=config.bias)
         self.proj = nn.Linear(4 * config.n_embd, config.n_embd, bias=config.bias)
         self.dropout = Dropout(config.dropout)
+        self.approximate = "tanh" if config.activation == "gelu_tanh" else "none"
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.dropout(self.proj(F.gelu(self.fc(x))))
+        return self.dropout(self.proj(F.gelu(self.fc(x), approximate=self.approximate)))
 
 
 class Block(nn.Module):
     """Pre-norm Transformer block: x + attn(ln(x)), then x + mlp(ln(x))."""
 
-    def __init__(self, config: ModelConfig):
+    def __init__(self, config: ModelConfig, window: int | None = None):
         super().__init__()
         self.ln_1 = nn.LayerNorm(config.n_embd, bias=config.bias)
-        self.attn = MultiHeadAttention(config.n_embd, config.n_head, config.dropout, config.bias)
+        self.attn = MultiHeadAttention(config.n_embd, config.n_head, config.dropout, config.bias,
+                                       scale=None if config.attention_scale else 1.0,
+                                       window=window)
         self.ln_2 = nn.LayerNorm(config.n_embd, bias=config.bias)
         self.mlp = MLP(config)
 
@@ -97,7 +122,8 @@ class TinyLM(nn.Module):
         self.wte = nn.Embedding(config.vocab_size, config.n_embd)  # token embeddings
         self.wpe = nn.Embedding(config.block_size, config.n_embd)  # position embeddings
         self.drop = Dropout(config.dropout)
-        self.blocks = nn.ModuleList([Block(config) for _ in range(config.n_layer)])
+        self.blocks = nn.ModuleList([Block(config, config.layer_window(i))
+                                     for i in range(config.n_layer)])
         self.ln_f = nn.LayerNorm(config.n_embd, bias=config.bias)
         self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
         # Weight tying: reading a token in and writing it out share one matrix (fewer

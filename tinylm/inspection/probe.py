@@ -9,10 +9,12 @@ attention at the deciding position, the token before the pronoun where a causal 
 
 from __future__ import annotations
 
+import itertools
 from pathlib import Path
 
 import numpy as np
 import torch
+from tqdm.auto import tqdm
 
 from tinylm.generate import refuse_unless_held
 from tinylm.inspection.capture import deciding_token, key_words, word_level
@@ -156,17 +158,19 @@ def ablate_heads(model, encoded: list[EncodedAgreementItem], new_word: torch.Ten
     if base is None:
         base = agreement_margins(model, encoded, new_word, None, batch_size)
     entries = []
-    for layer in range(c.n_layer):
-        for head in range(c.n_head):
-            mask = torch.ones(c.n_layer, c.n_head)
-            mask[layer, head] = 0.0
-            m = agreement_margins(model, encoded, new_word, mask, batch_size)
-            entries.append({
-                "layer": layer, "head": head, "method": ABLATION,
-                "mean_margin": float(m.mean()), "accuracy": float((m > 0).float().mean()),
-                "delta_mean_margin": float(m.mean() - base.mean()),
-                "delta_accuracy": float((m > 0).float().mean() - (base > 0).float().mean()),
-            })
+    # a pass over the items per head: minutes for GPT-2's 144 heads, so a bar on a terminal
+    heads = tqdm(list(itertools.product(range(c.n_layer), range(c.n_head))), desc="ablation",
+                 unit="head", leave=False, disable=None)
+    for layer, head in heads:
+        mask = torch.ones(c.n_layer, c.n_head)
+        mask[layer, head] = 0.0
+        m = agreement_margins(model, encoded, new_word, mask, batch_size)
+        entries.append({
+            "layer": layer, "head": head, "method": ABLATION,
+            "mean_margin": float(m.mean()), "accuracy": float((m > 0).float().mean()),
+            "delta_mean_margin": float(m.mean() - base.mean()),
+            "delta_accuracy": float((m > 0).float().mean() - (base > 0).float().mean()),
+        })
     return entries
 
 

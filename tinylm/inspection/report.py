@@ -38,6 +38,11 @@ from tinylm.inspection.tensorboard_plugin.summary import write_attention
 # (pronouns are labelled in any case); the pictures always show every token.
 GRID_LABELS, HEAD_LABELS = 32, 64
 
+# A 12 x 12 model (GPT-2) would list 144 heads on the console and draw 144 one-head images: the
+# console names the strongest LISTED_HEADS, and one-head images are drawn up to MAX_HEAD_IMAGES.
+LISTED_HEADS = 12
+MAX_HEAD_IMAGES = 64
+
 
 def _md(text: str) -> str:
     """Escape text for TensorBoard's markdown (tables, emphasis, HTML)."""
@@ -95,9 +100,11 @@ def pronoun_summary(capture: AttentionCapture, readings: Sequence[PronounReading
             where = query_label(capture, r, position)
             if found:
                 heads = ", ".join(f"L{layer}H{h} -> {words[w]} {v:.2f}"
-                                  for layer, h, w, v in found)
+                                  for layer, h, w, v in found[:LISTED_HEADS])
+                more = f", and {len(found) - LISTED_HEADS} more (inspect.json has every head)" \
+                    if len(found) > LISTED_HEADS else ""
                 lines.append(f"{head} ({where}): {len(found)}/{n_heads} heads point at a name: "
-                             f"{heads}")
+                             f"{heads}{more}")
             else:
                 lines.append(f"{head} ({where}): no head's top word is a name")
     return lines
@@ -159,6 +166,10 @@ def write_inspection(capture: AttentionCapture, folder: str | Path, prompt_chars
     notes = [capture.window_note(),
              f"heatmap labels: {labelled(GRID_LABELS)} on the all-heads maps, "
              f"{labelled(HEAD_LABELS)} on the one-head maps; pronouns always, in red"]
+    head_images = n_layer * n_head <= MAX_HEAD_IMAGES
+    if not head_images:
+        notes.append(f"one image per layer: {n_layer} x {n_head} heads are more than the "
+                     f"{MAX_HEAD_IMAGES} drawn one by one; the TinyLM attention tab shows each")
 
     with event_writer(folder) as writer:
         write_attention(writer, "inspect", capture, 0)  # the "tinylm attention" tab
@@ -172,7 +183,7 @@ def write_inspection(capture: AttentionCapture, folder: str | Path, prompt_chars
             fig = attention_grid_figure(capture.weights[layer], capture.tokens, f"layer {layer}",
                                         GRID_LABELS, pronoun_tokens)
             log_figure(writer, f"attention/layer_{layer:02d}/all_heads", fig, png_dir=folder)
-            for head in range(n_head):
+            for head in range(n_head if head_images else 0):
                 fig = attention_head_figure(capture.weights[layer, head], capture.tokens,
                                             f"layer {layer} head {head}", HEAD_LABELS,
                                             pronoun_tokens)

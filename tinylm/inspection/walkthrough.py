@@ -134,7 +134,7 @@ def multi_head_walk(attn: MultiHeadAttention, x: torch.Tensor) -> MultiHeadWalk:
     """Run MultiHeadAttention's stages one by one on x (T, C); causal, as the module always is."""
     T, C = x.shape
     q, k, v = attn.project_heads(x[None])  # (1, nh, T, hs) each
-    steps = attention_steps(q[0], k[0], v[0], is_causal=True)  # every head at once
+    steps = attn.steps(q[0], k[0], v[0])  # every head at once
     concat = steps.output.transpose(0, 1).reshape(T, C)  # (nh, T, hs) -> (T, nh*hs)
     q, k, v = (t[0].transpose(0, 1).reshape(T, C) for t in (q, k, v))  # heads side by side
     return MultiHeadWalk(q, k, v, steps, concat, attn.out_proj(concat))
@@ -168,7 +168,7 @@ def model_head_steps(model, idx: torch.Tensor, layer: int, head: int
     finally:
         hook.remove()
     q, k, v = attn.project_heads(captured[0])  # (1, nh, T, hs)
-    steps = attention_steps(q[0, head], k[0, head], v[0, head], is_causal=True)
+    steps = attn.steps(q[0, head], k[0, head], v[0, head])  # its own mask and scale
     return steps, v[0, head], out.attentions[layer][0, head]
 
 
@@ -184,6 +184,18 @@ def _refuse_unless_printable(key: str, n: int, unit: str | None,
 
 def _labels(prefix: str, n: int) -> list[str]:
     return [f"{prefix}{i}" for i in range(n)]
+
+
+def mask_and_scale(attn: MultiHeadAttention, head_size: int) -> str:
+    """What a layer does otherwise than plain scaled causal attention (GPT-Neo's layers), said."""
+    said = ""
+    if attn.window is not None:
+        said += (f" and local: each token sees only the last {attn.window} positions (a banded "
+                 "mask)")
+    if attn.scale is not None and attn.scale != 1 / math.sqrt(head_size):
+        said += (f"; the scores are multiplied by {attn.scale:g}, not divided by √d (the '/√d' "
+                 "column shows them after that)")
+    return said
 
 
 def steps_tables(steps: AttentionSteps, d: int, q_rows: list[str], k_cols: list[str],
@@ -491,7 +503,8 @@ def explain_model_head(model, tokenizer, text: str, layer: int = 0, head: int = 
     lines = paragraph(
         f"Layer {layer}, head {head} of {source} on {text!r} ({len(ids)} tokens; "
         f"head size {c.n_embd // c.n_head}). Q, K, V are this head's slice of "
-        "blocks[layer].attn.qkv_proj applied to the layer's normed input; attention is causal.")
+        "blocks[layer].attn.qkv_proj applied to the layer's normed input; attention is causal"
+        + mask_and_scale(model.blocks[layer].attn, c.n_embd // c.n_head) + ".")
     lines += paragraph(f"The query is token {labels[i]}." + (f" {note}" if note else "")) + [""]
     lines += weights_overview(steps.weights, tokens, digits, min(top, 4)) + [""]
     lines += query_walk(steps, i, v.float().cpu(), labels[i], labels, digits, top=top)

@@ -1,0 +1,59 @@
+"""tinylm-export: a tinylm run as a Hugging Face GPT-2 folder, which transformers loads without
+tinylm (and so TransformerLens, bertviz or the hub).
+
+    tinylm-export checkpoint=<run dir> out=exported/my-run
+    python -c "import transformers as t; t.AutoModelForCausalLM.from_pretrained('exported/my-run')"
+    (options: conf/export.yaml; the format: tinylm/pretrained.py's export_gpt2)
+
+Writes config.json, model.safetensors, tokenizer.json and tokenizer_config.json into `out`, all
+once everything is converted, each file whole (a full disk leaves `out` as it was).
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from tinylm.checkpoint import load_checkpoint
+from tinylm.cli import command
+from tinylm.config import one_of
+from tinylm.files import nearest_folder, published_atomically
+from tinylm.pretrained import export_gpt2
+
+
+@dataclass
+class ExportConfig:
+    """Options of tinylm-export; the schema of conf/export.yaml (defaults: here only)."""
+
+    checkpoint: str | None = None  # a run directory, its checkpoints/, or one checkpoint directory
+    out: str | None = None  # the folder to write, made if missing
+    prefer: str = "best"  # which checkpoint of a run: best or last
+
+    def __post_init__(self):
+        one_of("prefer", self.prefer, ("best", "last"))
+
+
+def run_export(cfg: ExportConfig, out=None) -> Path:
+    """Load the checkpoint, write it as GPT-2 into cfg.out, say where and what works there."""
+    out = out or sys.stdout
+    if not cfg.checkpoint or not cfg.out:
+        raise ValueError("checkpoint= and out= are required: tinylm-export checkpoint=<run dir> "
+                         "out=<folder to write>")
+    folder = Path(cfg.out)
+    nearest_folder(folder, "out", cfg.out, "cannot hold the export")  # refused before the work
+    ckpt = load_checkpoint(cfg.checkpoint, device="cpu", prefer=cfg.prefer)
+    with published_atomically(folder) as build:
+        note = export_gpt2(ckpt.model, ckpt.tokenizer, build)
+    print(f"exported {ckpt.directory} as GPT-2 to {folder}: "
+          f"transformers.AutoModelForCausalLM.from_pretrained({str(folder)!r}) loads it", file=out)
+    if note:
+        print(f"note: {note}", file=sys.stderr)
+    return folder
+
+
+main = command("tinylm-export", "export", ExportConfig, run_export)
+
+
+if __name__ == "__main__":
+    main()
