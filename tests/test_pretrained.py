@@ -19,6 +19,9 @@ from safetensors.torch import save_file
 from tokenizers import AddedToken, decoders, models, pre_tokenizers, processors
 from tokenizers import Tokenizer as HFTokenizer
 
+import tinylm.cli.explain
+import tinylm.cli.generate
+import tinylm.cli.probe
 from tinylm.attention import KVCache, MultiHeadAttention, causal_mask, softmax_attention
 from tinylm.checkpoint import load_checkpoint
 from tinylm.files import project_root
@@ -515,7 +518,8 @@ def test_weights_file_with_fp16_tensors_loads_in_float32(gpt2_folder):
 
 
 @pytest.mark.slow
-def test_every_tool_runs_on_a_loaded_model_of_12_x_12_heads(bpe, tmp_path):
+def test_every_tool_runs_on_a_loaded_model_of_12_x_12_heads(bpe, tmp_path, monkeypatch,
+                                                           capsys):
     # GPT-Neo: every option at once (no scaling, local layers); GPT-2's loading is tested above
     transformers = pytest.importorskip("transformers")
     torch.manual_seed(0)
@@ -528,26 +532,32 @@ def test_every_tool_runs_on_a_loaded_model_of_12_x_12_heads(bpe, tmp_path):
     reference.save_pretrained(folder, safe_serialization=True)
     bpe.save(folder / "tokenizer.json")
 
-    said = run_cli("tinylm.cli.generate", f"checkpoint={folder}", "max_new_tokens=3",
-                   'prompt="Lily saw Tom. She"', "inspect=true", "temperature=0",
-                   cwd=tmp_path)
-    assert said.returncode == 0, said.stderr
-    assert "one image per layer: 12 x 12 heads are more than the 64 drawn one by one" in \
-        said.stdout
+    monkeypatch.chdir(tmp_path)
+
+    def command(module, *args) -> str:  # the command in this process; what it printed
+        monkeypatch.setattr(sys, "argv", [module.__name__, *args])
+        module.main()
+        return capsys.readouterr().out
+
+    said = command(tinylm.cli.generate, f"checkpoint={folder}", "max_new_tokens=3",
+                  'prompt="Lily saw Tom. She"', "inspect=true", "temperature=0")
+    assert "one image per layer: 12 x 12 heads are more than the 64 drawn one by one" in said
     (logdir,) = (tmp_path / "runs" / "pretrained" / kind / "inspect").iterdir()
     assert (logdir / "inspect.json").is_file() and not (folder / "inspect").exists()
     layer_images = sorted(p.name for p in (logdir / "attention").iterdir())
     assert len(layer_images) == 12 and not list((logdir / "attention").rglob("head_*.png"))
 
-    said = run_cli("tinylm.cli.probe", f"checkpoint={folder}", "ablate=true", cwd=tmp_path)
-    assert said.returncode == 0, said.stderr
+    items = tmp_path / "items.jsonl"  # one of each kind: the ablation passes over 144 heads
+    items.write_text(json.dumps({"text": "Lily saw Tom. She ran.", "pronoun_char": 14,
+                                 "antecedent_chars": [0], "distractor_chars": [9]}) + "\n"
+                     + json.dumps({"text": "Tom ran. He sat.", "pronoun_char": 9,
+                                   "antecedent_chars": [0], "wrong_pronoun": "she"}) + "\n")
+    command(tinylm.cli.probe, f"checkpoint={folder}", f"probe_file={items}", "ablate=true")
     (report,) = (tmp_path / "runs" / "pretrained" / kind / "probe").glob("*/probe.json")
     probe = json.loads(report.read_text())
     assert len(probe["heads"]) == len(probe["ablation"]) == 144 and probe["evidence"]
 
-    said = run_cli("tinylm.cli.explain", f"checkpoint={folder}", "layer=11", "head=11",
-                   'text="Lily saw Tom. She laughed and he ran to the big red ball"',
-                   cwd=tmp_path)
-    assert said.returncode == 0, said.stderr
-    assert "Check: the model's own forward pass gives this head the same weights" in said.stdout
-    assert "local: each token sees only the last 8 positions" in said.stdout
+    said = command(tinylm.cli.explain, f"checkpoint={folder}", "layer=11", "head=11",
+                  'text="Lily saw Tom. She laughed and he ran to the big red ball"')
+    assert "Check: the model's own forward pass gives this head the same weights" in said
+    assert "local: each token sees only the last 8 positions" in said
