@@ -7,6 +7,7 @@ disk. Also the `cuda` marker: such tests run only where CUDA is present."""
 import copy
 import errno
 import json
+import logging
 import os
 import random
 import shutil
@@ -47,6 +48,19 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "cuda" in item.keywords:
             item.add_marker(no_cuda)
+
+
+@pytest.fixture(autouse=True)
+def logging_as_it_was():
+    """A command run in this process lets Hydra configure logging (the print-only commands
+    disable every logger that exists): the next test finds the loggers as they were."""
+    loggers = [logger for logger in logging.Logger.manager.loggerDict.values()
+               if isinstance(logger, logging.Logger)]
+    disabled, root_level = {logger: logger.disabled for logger in loggers}, logging.root.level
+    yield
+    for logger, was in disabled.items():
+        logger.disabled = was
+    logging.root.setLevel(root_level)
 
 
 @pytest.fixture(scope="session")
