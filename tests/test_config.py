@@ -1,15 +1,33 @@
-"""The YAML files and their dataclass schemas agree, each default is written once, and the shared
-validators refuse what they should in one line."""
+"""The YAML files and their dataclass schemas agree, each default is written once, each rule is
+named once (check) and the shared validators refuse what they should in one line."""
 
 import dataclasses
 import math
+from dataclasses import dataclass
 
 import pytest
 import yaml
 from helpers import compose, schemas
 
+from tinylm.bench.config import LoadBenchConfig
 from tinylm.cli import config_dir
-from tinylm.config import ConfigError, divisible, flag, integer, number, one_of
+from tinylm.cli.explain import ExplainConfig
+from tinylm.cli.generate import GenerateConfig
+from tinylm.config import (
+    ConfigError,
+    at_least,
+    check,
+    choice,
+    flag,
+    integer,
+    number,
+    one_of,
+    within,
+)
+from tinylm.data import DataConfig
+from tinylm.model import ModelConfig
+from tinylm.train.optim import OptimConfig
+from tinylm.train.run_config import TrainConfig
 
 CONF = config_dir()
 GROUP_FILES = sorted(p for p in CONF.glob("*/*.yaml")
@@ -106,7 +124,7 @@ def test_experiment_keys_are_schema_fields():
     (lambda: flag("model.bias", "no"), "model.bias='no' is not allowed: must be true or false"),
     (lambda: one_of("prefer", "first", ("best", "last")),
      "prefer='first' is not allowed; allowed: best, last"),
-    (lambda: divisible("model.n_embd", 30, "model.n_head", 4),
+    (lambda: ModelConfig(n_embd=30, n_head=4),
      "model.n_embd=30 is not allowed: must be divisible by model.n_head=4"),
 ])
 def test_shared_validators_refuse_in_one_line(check, message):
@@ -120,4 +138,66 @@ def test_shared_validators_accept_what_is_allowed():
     number("model.dropout", 0, 0, 1, high_open=True)
     number("top_p", 1.0, 0, 1, low_open=True)
     flag("model.bias", False)
-    divisible("model.n_embd", 32, "model.n_head", 4)
+    ModelConfig(n_embd=32, n_head=4)
+
+
+@dataclass
+class Toy:
+    size: int = 2
+    rate: float = 0.5
+    kind: str = "a"
+    on: bool = True  # no rule given: its type's
+    seed: int = 0
+    scale: float = 1.0
+    name: str | None = None  # no rule, and no type rule for str or unions
+
+    def __post_init__(self):
+        check(self, "toy", size=at_least(1), rate=within(0, 1), kind=choice("a", "b"))
+
+
+@pytest.mark.parametrize("values, message", [
+    ({"size": 0}, "toy.size=0 is not allowed: must be an integer >= 1"),
+    ({"rate": 1.5}, "toy.rate=1.5 is not allowed: must be a finite number in [0, 1]"),
+    ({"kind": "c"}, "toy.kind='c' is not allowed; allowed: a, b"),
+    ({"on": "no"}, "toy.on='no' is not allowed: must be true or false"),
+    ({"seed": 2.5}, "toy.seed=2.5 is not allowed: must be an integer"),
+    ({"scale": math.inf}, "toy.scale=inf is not allowed: must be a finite number"),
+])
+def test_check_holds_each_field_to_its_rule_else_its_types(values, message):
+    with pytest.raises(ConfigError) as refused:
+        Toy(**values)
+    assert str(refused.value) == message
+    Toy(name=3)  # nothing declared for it: not checked
+
+
+@pytest.mark.parametrize("build, message", [
+    (lambda: ModelConfig(n_layer=True), "model.n_layer=True is not allowed: must be an integer "
+                                        ">= 1"),
+    (lambda: ModelConfig(bias="no"), "model.bias='no' is not allowed: must be true or false"),
+    (lambda: ModelConfig(vocab_size=0), "model.vocab_size=0 is not allowed: must be an integer "
+                                        ">= 1, or null to take it from the tokenizer"),
+    (lambda: OptimConfig(lr=math.nan), "optim.lr=nan is not allowed: must be a finite number "
+                                       ">= 0"),
+    (lambda: OptimConfig(min_lr=0.1, lr=0.01), "optim.min_lr=0.1 is not allowed: must be <= "
+                                               "optim.lr=0.01"),
+    (lambda: TrainConfig(batch_size=2.5), "train.batch_size=2.5 is not allowed: must be an "
+                                          "integer >= 1"),
+    (lambda: TrainConfig(threads=0), "train.threads=0 is not allowed: must be auto or an "
+                                     "integer >= 1"),
+    (lambda: DataConfig(split="random"), "data.split='random' is not allowed; allowed: auto, "
+                                         "tail, documents"),
+    (lambda: GenerateConfig(temperature=math.nan), "temperature=nan is not allowed: must be 0 "
+                                                   "(greedy) or a finite number >= 0.001"),
+    (lambda: ExplainConfig(causal=1), "causal=1 is not allowed: must be true or false"),
+    (lambda: LoadBenchConfig(settle_s=math.nan), "load.settle_s=nan is not allowed: must be a "
+                                                 "finite number"),
+])
+def test_a_config_built_from_python_is_refused_in_the_commands_line(build, message):
+    with pytest.raises(ConfigError) as refused:
+        build()
+    assert str(refused.value) == message
+
+
+def test_a_rule_for_no_field_is_a_mistake_in_the_code():
+    with pytest.raises(AssertionError, match="a rule for no field of Toy"):
+        check(Toy(), "toy", sise=at_least(1))

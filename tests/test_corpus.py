@@ -12,6 +12,7 @@ import pytest
 import tinylm.corpus
 from tinylm.corpus import (
     CHECKSUMS,
+    OFFLINE_SWITCHES,
     HubError,
     check_hub_reachable,
     embedded_dir,
@@ -133,18 +134,26 @@ def closed_port():
         return s.getsockname()[1]
 
 
-@pytest.mark.parametrize("switch", ["HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE"])
+@pytest.mark.parametrize("switch", OFFLINE_SWITCHES)
 def test_offline_switches_stop_the_hub_at_once_and_name_the_offline_choices(
         monkeypatch, switch):
+    import datasets
+
+    for var in OFFLINE_SWITCHES:
+        monkeypatch.delenv(var, raising=False)
     monkeypatch.setenv(switch, "1")
+    # read by datasets when it is imported: as a command started with the switch set sees it
+    monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", True)
     with pytest.raises(HubError, match=rf"switched off \({switch}=1\); offline, train on the "
                                        r"embedded TinyStories sample \(data=tinystories\)"):
         check_hub_reachable()
 
 
 def test_an_unreachable_hub_is_reported_in_one_line_within_seconds(monkeypatch, closed_port):
-    for var in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "HTTPS_PROXY", "https_proxy",
-                "ALL_PROXY", "all_proxy"):
+    import datasets
+
+    monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", False)
+    for var in ("HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy"):
         monkeypatch.delenv(var, raising=False)
     monkeypatch.setenv("HF_ENDPOINT", f"http://127.0.0.1:{closed_port}")
     start = time.perf_counter()

@@ -12,13 +12,12 @@ import pytest
 import torch
 from helpers import run_cli, run_config
 
-import tinylm.loss
-from tinylm.attention import MultiHeadAttention, attention_steps
+import tinylm.fast
+from tinylm.attention import MultiHeadAttention, Variant, attention_steps
 from tinylm.checkpoint import load_checkpoint
 from tinylm.device import resolve_device
-from tinylm.dropout import dropout
+from tinylm.fast import dropout, fused_attention, lm_head_cross_entropy
 from tinylm.generate import generate
-from tinylm.loss import lm_head_cross_entropy
 from tinylm.train.runtime import resolve_precision
 from tinylm.train.trainer import train
 
@@ -63,7 +62,7 @@ def test_the_fused_kernel_equals_attention_steps_on_cuda(dtype, t_q):
     skip_without_bf16(dtype)
     torch.manual_seed(0)
     q, k, v = (torch.randn(2, 4, t, 16, device=CUDA).to(dtype) for t in (t_q, 12, 12))
-    fused = MultiHeadAttention._fused_attention(q, k, v, 0.0)
+    fused = fused_attention(q, k, v, 0.0, Variant())
     explicit = attention_steps(q.float(), k.float(), v.float(), is_causal=True).output
     assert fused.dtype == dtype and fused.device.type == "cuda"
     assert explicit.device.type == "cuda"
@@ -105,8 +104,8 @@ def test_dropout_on_cuda_is_pytorchs_own():
 @pytest.fixture
 def small_chunks(monkeypatch):
     """Chunks of 8 rows, so a few dozen rows take several chunks and a ragged last one."""
-    monkeypatch.setattr(tinylm.loss, "CHUNK_LOGITS", 8 * 50)
-    monkeypatch.setattr(tinylm.loss, "MIN_ROWS_PER_CHUNK", 1)
+    monkeypatch.setattr(tinylm.fast, "CHUNK_LOGITS", 8 * 50)
+    monkeypatch.setattr(tinylm.fast, "MIN_ROWS_PER_CHUNK", 1)
 
 
 def loss_and_grads(h, weight, targets, device, autocast_dtype=None):

@@ -161,7 +161,8 @@ def fake_hub(monkeypatch):
         return rows.to_iterable_dataset() if streaming else rows
 
     monkeypatch.setattr(datasets, "load_dataset", fake_load_dataset)
-    for var in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "HTTPS_PROXY", "https_proxy"):
+    monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", False)
+    for var in ("HTTPS_PROXY", "https_proxy"):
         monkeypatch.delenv(var, raising=False)
     with socket.socket() as hub:
         hub.bind(("127.0.0.1", 0))
@@ -433,7 +434,6 @@ def test_every_data_and_tokenizer_config_builds_its_dataclass(data, tokenizer):
     data_cfg = to_dataclass(DataConfig, cfg.data, "data")
     tok_cfg = to_dataclass(TokenizerConfig, cfg.tokenizer, "tokenizer")
     assert (data_cfg.name, tok_cfg.name) == (data, tokenizer)
-
 
 
 @pytest.mark.slow

@@ -14,7 +14,7 @@ import pytest
 import torch
 from helpers import compose, to_dataclass
 
-import tinylm.generate
+import tinylm.cli.sizes
 from tinylm.attention import MultiHeadAttention
 from tinylm.checkpoint import save_checkpoint
 from tinylm.cli.explain import ExplainConfig, explain
@@ -197,7 +197,7 @@ def test_bad_checkpoint_mode_inputs_give_clear_errors(model, bpe, cfg, message):
 def test_matrices_too_large_to_walk_through_are_refused_naming_what_fits(tmp_path,
                                                                          monkeypatch):
     available = SimpleNamespace(virtual_memory=lambda: SimpleNamespace(available=2**22))
-    monkeypatch.setattr(tinylm.generate, "psutil", available)  # what refuse_unless_held reads
+    monkeypatch.setattr(tinylm.cli.sizes, "psutil", available)  # what refuse_unless_held reads
     with pytest.raises(ValueError) as err:
         explain(ExplainConfig(q=[[1]] * 300_000))
     # K = Q: Q, K, V and the output print 6 numbers per row, the steps 8 per query and key

@@ -126,16 +126,6 @@ def test_a_second_writer_is_refused_naming_the_holder_and_a_killed_one_blocks_no
     assert not (run_dir / ".lock.pid").exists()
 
 
-def test_the_temporary_link_name_belongs_to_its_process(saved_run, monkeypatch):
-    links = []
-    symlink = os.symlink
-    monkeypatch.setattr(tinylm.checkpoint.os, "symlink",
-                        lambda target, link: (links.append(link), symlink(target, link)))
-    ckpt = load_checkpoint(saved_run)
-    save_checkpoint(saved_run, ckpt.model, ckpt.tokenizer, {}, step=2)
-    assert [os.path.basename(link) for link in links] == [f".tmp-last-{os.getpid()}"]
-
-
 # ------------------------------------------------------------------------------ full disk
 
 

@@ -76,3 +76,36 @@ def test_leftovers_of_a_dead_process_are_swept_and_a_live_ones_kept(tmp_path):
                                                  f".report.json.tmp-{dead}-00ff00ff"]
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted([mine.name, "data-bpe"])
     assert str(os.getpid()) in mine.name
+
+
+def test_a_replaced_folder_is_swapped_whole_or_kept_as_it_was(tmp_path, monkeypatch):
+    import errno
+    import os
+
+    from tinylm.files import NotWritten, published_atomically
+    cache = tmp_path / "toy-bpe"
+    with published_atomically(cache) as build:
+        (build / "train.bin").write_text("old")
+        (build / "stale.txt").write_text("old")
+    with pytest.raises(KeyboardInterrupt):
+        with published_atomically(cache, replace=True) as build:
+            (build / "train.bin").write_text("half")
+            raise KeyboardInterrupt  # Ctrl-C halfway through a rebuild
+
+    rename = os.rename
+
+    def refused(source, target):  # the new folder cannot go in once the old one is aside
+        if target == cache and ".tmp-" in source.name:
+            raise PermissionError(errno.EACCES, "Permission denied")
+        rename(source, target)
+    monkeypatch.setattr(os, "rename", refused)
+    with pytest.raises(NotWritten, match=f"^{cache} could not be written: Permission denied"):
+        with published_atomically(cache, replace=True) as build:
+            (build / "train.bin").write_text("new")
+    monkeypatch.undo()
+    assert {p.name: p.read_text() for p in cache.iterdir()} == {"train.bin": "old",
+                                                                 "stale.txt": "old"}
+    with published_atomically(cache, replace=True) as build:
+        (build / "train.bin").write_text("new")
+    assert {p.name: p.read_text() for p in cache.iterdir()} == {"train.bin": "new"}
+    assert [p.name for p in tmp_path.iterdir()] == ["toy-bpe"]  # no build, nothing set aside

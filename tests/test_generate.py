@@ -14,7 +14,8 @@ from helpers import compose, refusal, run_cli, save_run, to_dataclass
 from omegaconf import OmegaConf
 
 import tinylm.cli.generate
-import tinylm.generate
+import tinylm.cli.sizes
+from tinylm.checkpoint import resolve_checkpoint_dir
 from tinylm.cli.generate import GenerateConfig, main, run_generate
 from tinylm.generate import StreamDecoder, encode_prompt, generate, sample_next
 
@@ -269,7 +270,7 @@ def test_cli_generates_and_inspects_into_the_run_directory(trained_run_copy, tmp
 def test_cli_names_the_truncated_weights_file_without_a_traceback(trained_run, tmp_path):
     run_dir, _ = trained_run
     broken = tmp_path / "broken"
-    checkpoint = (run_dir / "checkpoints" / "last").resolve()
+    checkpoint = resolve_checkpoint_dir(run_dir / "checkpoints" / "last")
     broken.mkdir()
     for file in checkpoint.iterdir():
         data = file.read_bytes()
@@ -291,7 +292,7 @@ def saved(tmp_path, tiny_model, bpe):
 
 def with_memory(monkeypatch, available):
     """refuse_unless_held sees `available` bytes of free memory."""
-    monkeypatch.setattr(tinylm.generate, "psutil", SimpleNamespace(
+    monkeypatch.setattr(tinylm.cli.sizes, "psutil", SimpleNamespace(
         virtual_memory=lambda: SimpleNamespace(available=available)))
 
 

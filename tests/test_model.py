@@ -4,6 +4,7 @@ import pytest
 import torch
 
 from tinylm.model import ModelConfig
+from tinylm.train.runtime import flops_per_token
 
 
 @pytest.fixture
@@ -165,7 +166,7 @@ def test_parameter_count_and_flops_per_token(tiny_model):
     expected = c.vocab_size * c.n_embd + c.n_layer * per_block + c.n_embd  # + final norm
     assert model.num_params() == expected
     assert model.num_params(non_embedding=False) == expected + c.block_size * c.n_embd
-    assert model.flops_per_token(8) == 6 * expected + 12 * c.n_layer * c.n_embd * 8
+    assert flops_per_token(model, 8) == 6 * expected + 12 * c.n_layer * c.n_embd * 8
 
 
 def test_head_mask_of_ones_changes_nothing_and_zero_changes_logits(tiny_model):

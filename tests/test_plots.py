@@ -1,18 +1,23 @@
 """AttentionGridImages: the pixels of a fresh attention grid, drawing only what changes; figures
-saved whole, in the format the path names; an event file the disk refuses raised once."""
+saved whole, in the format the path names; an image logged as one PNG; an event file the disk
+refuses raised once."""
 
+import io
 import threading
 
 import numpy as np
 import pytest
 from conftest import fill_disk
 from helpers import causal_weights
+from PIL import Image
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from tinylm.inspection.figures import (
     AttentionGridImages,
     attention_grid_figure,
     event_writer,
     figure_to_image,
+    log_image,
     save_figure,
 )
 
@@ -53,6 +58,19 @@ def test_a_saved_figure_takes_the_format_its_suffix_names_and_leaves_no_temporar
         assert save_figure(fig, tmp_path / "figs" / name) == tmp_path / "figs" / name
         assert (tmp_path / "figs" / name).read_bytes().startswith(start), name
     assert sorted(p.name for p in (tmp_path / "figs").iterdir()) == sorted(starts)
+
+
+def test_a_logged_image_is_the_same_png_in_tensorboard_and_on_disk(tmp_path):
+    image = np.random.default_rng(0).integers(0, 256, (5, 7, 3), dtype=np.uint8)
+    with event_writer(tmp_path) as writer:
+        log_image(writer, "attention/layer_00/all_heads", image, 3, png_dir=tmp_path)
+    events = EventAccumulator(str(tmp_path), size_guidance={"images": 0})
+    events.Reload()
+    (logged,) = events.Images("attention/layer_00/all_heads")
+    assert logged.step == 3 and (logged.width, logged.height) == (7, 5)
+    png = (tmp_path / "attention" / "layer_00" / "all_heads.png").read_bytes()
+    assert logged.encoded_image_string == png
+    assert np.array_equal(np.asarray(Image.open(io.BytesIO(png))), image)
 
 
 def test_an_event_file_the_disk_refuses_is_raised_once_without_the_threads_traceback(

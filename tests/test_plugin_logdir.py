@@ -1,8 +1,9 @@
-"""A logdir may hold anything: the attention tab's routes skip what they cannot read (broken and
-looping links, FIFOs, sockets, devices, truncated or crafted reports and summaries, run folders
-that resolve outside the logdir), list each with the reason, never block on a file, and answer
-strict JSON no larger than the model's shape allows; the tab says what it skipped and draws the
-rest. Checked in-process and against a real TensorBoard server, in headless Chromium too.
+"""A logdir may hold anything: the attention tab's routes serve only the summaries TensorBoard's
+data provider loaded, skip the crafted ones (texts and probe reports) and run folders that resolve
+outside the logdir, list each with the reason, never open a file themselves (broken and looping
+links, FIFOs, sockets, devices, crafted probe.json files lie there unread), and answer strict JSON
+no larger than the model's shape allows; the tab says what it skipped and draws the rest. Checked
+in-process and against a real TensorBoard server, in headless Chromium too.
 """
 
 import json
@@ -25,10 +26,14 @@ from tinylm.inspection.tensorboard_plugin.plugin import (
     MAX_CHARS,
     MAX_HEADS,
     MAX_LAYERS,
-    MAX_PROBE_REPORT_BYTES,
     read_content,
 )
-from tinylm.inspection.tensorboard_plugin.summary import attention_summary, step_tag
+from tinylm.inspection.tensorboard_plugin.summary import (
+    PROBE_TAG,
+    attention_summary,
+    probe_summary,
+    step_tag,
+)
 
 ROUTE = tab.ROUTE
 TEXT = "Lily saw Tom. She ran."
@@ -59,6 +64,25 @@ def weights_with(value) -> tensor_pb2.TensorProto:
     weights = capture().weights.copy()
     weights[1, 1, 5, 2] = value
     return half_tensor(weights.shape, weights.astype("<f2").tobytes())
+
+
+def replaced(summary, description=None, tensor=None):
+    """`summary` with its description (bytes, or a function of the written one) or tensor
+    replaced."""
+    value = summary.value[0]
+    if callable(description):
+        description = json.dumps(description(json.loads(value.metadata.plugin_data.content)))
+    if description is not None:
+        value.metadata.plugin_data.content = (
+            description if isinstance(description, bytes) else description.encode())
+    if tensor is not None:
+        value.tensor.CopyFrom(tensor)
+    return summary
+
+
+def crafted(name: str, description=None, tensor=None):
+    """One text's summary as write_attention writes it, its description or tensor replaced."""
+    return replaced(attention_summary(name, capture(), 0), description, tensor)
 
 
 STRINGS = tensor_pb2.TensorProto(dtype=types_pb2.DT_STRING, string_val=[b"x"] * 4,
@@ -99,31 +123,45 @@ SERVED = {"long_text": lambda c: {**c, "text": TEXT + " word" * 200_000,
 
 GOOD_REPORT = {"n": 3, "heads": [{"layer": layer, "head": head, "accuracy": (layer + head) / 4}
                                  for layer in range(2) for head in range(2)]}
+GOOD_ACCURACY = np.array([[0.0, 0.25], [0.25, 0.5]])
 
 
 def report_with(**head) -> str:
     return json.dumps({**GOOD_REPORT, "heads": [{**GOOD_REPORT["heads"][0], **head}]})
 
 
-# case: the reason its probe.json is skipped; made by make_probe_files
-PROBE_PROBLEMS = {
-    "truncated": "it is not readable JSON", "nested": "it is not readable JSON",
-    "a_list": "it is not a tinylm-probe report", "no_heads": "it is not a tinylm-probe report",
-    "nan": "its heads are not", "infinite": "its heads are not", "far_layer": "its heads are not",
-    "far_head": "its heads are not", "huge_n": "it is not a tinylm-probe report",
-    "oversize": f"it is over {MAX_PROBE_REPORT_BYTES} bytes",
-    "broken": "it is a link to nothing", "loop": "it is a link that loops",
-    "out": "it links outside the logdir: not opened",
-    "fifo": "it is not a regular file", "socket": "it is not a regular file",
-    "device": "it is not a regular file",
+def probe_with(description=None, tensor=None, accuracy=GOOD_ACCURACY):
+    """A probe report's summary as write_probe writes it, its description or tensor replaced."""
+    return replaced(probe_summary(3, accuracy), description, tensor)
+
+
+def accuracy_with(value) -> np.ndarray:
+    accuracy = GOOD_ACCURACY.copy()
+    accuracy[1, 0] = value
+    return accuracy
+
+
+GRID = f"its accuracies are not (layers <= {MAX_LAYERS}) x (heads <= {MAX_HEADS}) numbers"
+# case: (its probe summary, the reason it is skipped); written by make_probe_runs, in
+# probe_runs/<case>/, beside probe.json files the plugin never opens (make_probe_files)
+CRAFTED_PROBES = {
+    "truncated": (probe_with(b'{"version": 1, "n": '), "its description is not readable JSON"),
+    "nested": (probe_with(b"[" * 100_000), "its description is not readable JSON"),
+    "a_list": (probe_with(b"[]"), "its description is not a tinylm-probe report"),
+    "old_format": (probe_with(lambda c: {**c, "version": 0}),
+                   "written in a tinylm-probe report format 0"),
+    "no_n": (probe_with(b'{"version": 1}'), "its item count is not a number"),
+    "huge_n": (probe_with(lambda c: {**c, "n": "x" * 1000}), "its item count is not a number"),
+    "nan": (probe_with(accuracy=accuracy_with(np.nan)), "its accuracies hold numbers outside 0..1"),
+    "infinite": (probe_with(accuracy=accuracy_with(np.inf)),
+                 "its accuracies hold numbers outside 0..1"),
+    "far_layer": (probe_with(accuracy=np.zeros((MAX_LAYERS + 1, 2))), GRID),
+    "far_head": (probe_with(accuracy=np.zeros((2, MAX_HEADS + 1))), GRID),
+    "short_bytes": (probe_with(tensor=half_tensor((10**6, 10**6), b"\x00" * 10)),
+                    "its accuracies cannot be decoded"),
+    "strings": (probe_with(tensor=STRINGS), GRID),
 }
-# event files beside a good one, and why each is skipped; made by add_bad_event_files
-EVENT_FILE_PROBLEMS = {
-    "events.out.tfevents.fifo": "it is not a regular file",
-    "events.out.tfevents.gone": "it is a link to nothing",
-    "events.out.tfevents.loop": "it is a link that loops",
-    "events.out.tfevents.out": "it links outside the logdir: not opened",
-}
+OUT_OF_LOGDIR = "its folder resolves outside the logdir: not served"
 
 
 def write_run(directory, summaries) -> None:
@@ -133,23 +171,10 @@ def write_run(directory, summaries) -> None:
     writer.close()
 
 
-def crafted(name: str, description=None, tensor=None):
-    """One text's summary as write_attention writes it, its description or tensor replaced."""
-    summary = attention_summary(name, capture(), 0)
-    value = summary.value[0]
-    if callable(description):
-        description = json.dumps(description(json.loads(value.metadata.plugin_data.content)))
-    if description is not None:
-        value.metadata.plugin_data.content = (
-            description if isinstance(description, bytes) else description.encode())
-    if tensor is not None:
-        value.tensor.CopyFrom(tensor)
-    return summary
-
-
-def make_probe_files(probes, outside) -> set[str]:
-    """A probe.json in probes/<case>/ for each case, good and bad; the cases made (a device file
-    needs the right to make one)."""
+def make_probe_files(probes, outside) -> None:
+    """A probe.json in probes/<case>/ for each case, good and bad, crafted and broken as a file
+    may be: the plugin reads reports from summaries only and never opens one (a device file needs
+    the right to make one)."""
     files = {
         "good": json.dumps(GOOD_REPORT), "truncated": json.dumps(GOOD_REPORT)[:30],
         "nested": "[" * 100_000, "a_list": "[]", "no_heads": '{"n": 3}',
@@ -163,25 +188,32 @@ def make_probe_files(probes, outside) -> set[str]:
     for case in ("oversize", "broken", "loop", "out", "fifo", "socket", "device"):
         (probes / case).mkdir()
     with open(probes / "oversize" / "probe.json", "wb") as f:
-        f.truncate(MAX_PROBE_REPORT_BYTES + 1)  # sparse: no disk used
+        f.truncate(10**7 + 1)  # sparse: no disk used
     os.symlink(probes / "gone.json", probes / "broken" / "probe.json")
     os.symlink(probes / "loop" / "probe.json", probes / "loop" / "probe.json")
     (outside / "probe.json").write_text(json.dumps(GOOD_REPORT))
     os.symlink(outside / "probe.json", probes / "out" / "probe.json")
     os.mkfifo(probes / "fifo" / "probe.json")
     os.mknod(probes / "socket" / "probe.json", stat.S_IFSOCK | 0o600)
-    made = set(files) | {"oversize", "broken", "loop", "out", "fifo", "socket"}
     try:  # a character device like /dev/null (major 1, minor 3)
         os.mknod(probes / "device" / "probe.json", stat.S_IFCHR | 0o600, os.makedev(1, 3))
-        made.add("device")
     except PermissionError:
         pass
-    return made
+
+
+def make_probe_runs(runs, outside) -> None:
+    """A run in runs/<case>/ for each probe summary, good and crafted, and runs/out linked to a
+    good one outside the logdir."""
+    write_run(runs / "good", [probe_with()])
+    for case, (summary, _) in CRAFTED_PROBES.items():
+        write_run(runs / case, [summary])
+    write_run(outside / "probe_run", [probe_with()])
+    os.symlink(outside / "probe_run", runs / "out")
 
 
 def make_logdir(root):
-    """(logdir, probe cases made): runs good (one text), crafted (every crafted summary), linked (a
-    link to a run folder outside the logdir), and probes/<case>/probe.json files."""
+    """The logdir: runs good (one text), crafted (every crafted summary), linked (a link to a run
+    folder outside the logdir), probe_runs/<case> and probes/<case>/probe.json files."""
     logdir, outside = root / "logs", root / "elsewhere"
     write_run(logdir / "good", [crafted("story")])
     write_run(logdir / "crafted", [
@@ -190,12 +222,15 @@ def make_logdir(root):
         *(crafted(name, description) for name, description in SERVED.items())])
     write_run(outside / "run", [crafted("story")])
     os.symlink(outside / "run", logdir / "linked")
-    return logdir, make_probe_files(logdir / "probes", outside)
+    make_probe_runs(logdir / "probe_runs", outside)
+    make_probe_files(logdir / "probes", outside)
+    return logdir
 
 
 def add_bad_event_files(run_dir, outside) -> None:
-    """Event files that are not: a FIFO, links to nothing, to themselves, out of the logdir.
-    TensorBoard's own Python loader blocks on such a FIFO, so in-process they come after it."""
+    """Event files that are not: a FIFO, links to nothing, to themselves, out of the logdir; the
+    data provider loads none of them. TensorBoard's own Python loader blocks on such a FIFO, so
+    in-process they come after it."""
     os.mkfifo(run_dir / "events.out.tfevents.fifo")
     os.symlink(run_dir / "gone", run_dir / "events.out.tfevents.gone")
     os.symlink(run_dir / "events.out.tfevents.loop", run_dir / "events.out.tfevents.loop")
@@ -219,6 +254,7 @@ def attention_bound(t: int) -> int:
 
 # the most bytes one probe report or problem may take: a MAX_LAYERS x MAX_HEADS grid of numbers
 PROBE_BOUND = MAX_LAYERS * MAX_HEADS * 26 + 1000
+N_PROBE_RUNS = len(CRAFTED_PROBES) + 2  # and good, out
 
 
 def answer(get, path: str) -> tuple[int, bytes]:
@@ -231,7 +267,7 @@ def answer(get, path: str) -> tuple[int, bytes]:
     return result[0]
 
 
-def every_route(get, probe_cases) -> dict:
+def every_route(get) -> dict:
     """Request every route, every listed text and the crafted ones; check each answers in time,
     200 with strict JSON (404 for a name that is no run) of bounded size. Returns the answers:
     {"texts": ..., "probes": ..., ("attention" | "weights", run, tag): JSON or bytes}."""
@@ -243,7 +279,7 @@ def every_route(get, probe_cases) -> dict:
     texts = answers["texts"]
     # a few hundred bytes per text or problem listed; at most a grid per probe file
     assert size["texts"] <= 500 * (len(texts["problems"]) + len(texts["texts"]))
-    assert size["probes"] <= PROBE_BOUND * len(probe_cases)
+    assert size["probes"] <= PROBE_BOUND * N_PROBE_RUNS
     for route in ("index.js", "style.css"):
         assert answer(get, f"{ROUTE}/{route}")[0] == 200
     names = [(t["run"], s["tag"]) for t in texts["texts"] for s in t["steps"]]
@@ -265,17 +301,16 @@ def every_route(get, probe_cases) -> dict:
     return answers
 
 
-def check_answers(answers, probe_cases) -> None:
+def check_answers(answers) -> None:
     """What every_route's answers must say about the crafted logdir."""
     texts = answers["texts"]
     assert sorted((t["run"], t["name"]) for t in texts["texts"]) == sorted(
         [("good", "story")] + [("crafted", name) for name in [*CRAFTED_TENSORS, *SERVED]])
-    problems = {(p["run"], p.get("tag") or p.get("file")): p["message"]
-                for p in texts["problems"]}
+    # the bad event files beside "good" hold no summaries: nothing to list
+    problems = {(p["run"], p.get("tag")): p["message"] for p in texts["problems"]}
     expected = {("crafted", step_tag(name, 0)): f"{step_tag(name, 0)}: {why}"
                 for name, (_, why) in CRAFTED_DESCRIPTIONS.items()}
-    expected |= {("good", name): f"{name}: {why}" for name, why in EVENT_FILE_PROBLEMS.items()}
-    expected[("linked", None)] = "its folder resolves outside the logdir: not served"
+    expected[("linked", None)] = OUT_OF_LOGDIR
     assert problems.keys() == expected.keys()
     for key, message in expected.items():
         assert problems[key].startswith(message), (key, problems[key])
@@ -300,35 +335,36 @@ def check_answers(answers, probe_cases) -> None:
         assert json.loads(answers["weights", "crafted", tag])["problem"]["message"].startswith(
             f"{tag}: {why}")
     linked = json.loads(answers["weights", "linked", step_tag("story", 0)])["problem"]
-    assert linked["message"].endswith("its folder resolves outside the logdir: not served")
+    assert linked["message"].endswith(OUT_OF_LOGDIR)
 
+    # the probe.json files under probes/ are never opened: only summaries are reports
     probes = answers["probes"]
-    assert probes["reports"] == [{"path": "probes/good/probe.json", "n": 3,
+    assert probes["reports"] == [{"run": "probe_runs/good", "n": 3,
                                   "accuracy": [[0.0, 0.25], [0.25, 0.5]]}]
-    skipped = {p["path"]: p["message"] for p in probes["problems"]}
-    assert skipped.keys() == {f"probes/{case}/probe.json" for case in probe_cases - {"good"}}
-    for path, message in skipped.items():
-        assert message.startswith(f"{path}: {PROBE_PROBLEMS[path.split('/')[1]]}"), message
+    skipped = {p["run"]: p["message"] for p in probes["problems"]}
+    assert all(p["tag"] == PROBE_TAG for p in probes["problems"])
+    assert skipped.keys() == {f"probe_runs/{case}" for case in [*CRAFTED_PROBES, "out"]}
+    for case, (_, why) in CRAFTED_PROBES.items():
+        assert skipped[f"probe_runs/{case}"].startswith(f"{PROBE_TAG}: {why}"), case
+    assert skipped["probe_runs/out"] == f"{PROBE_TAG}: {OUT_OF_LOGDIR}"
 
 
 @pytest.fixture(scope="module")
 def crafted_app(tmp_path_factory):
-    """(werkzeug client of the plugin in-process over the crafted logdir, probe cases made)."""
+    """A werkzeug client of the plugin in-process over the crafted logdir."""
     root = tmp_path_factory.mktemp("crafted")
-    logdir, probe_cases = make_logdir(root)
+    logdir = make_logdir(root)
     client = tab.in_process_app(logdir)
     add_bad_event_files(logdir / "good", root / "elsewhere")
-    return client, probe_cases
+    return client
 
 
 def test_every_route_answers_strict_bounded_json_and_lists_what_it_skipped(crafted_app):
-    client, probe_cases = crafted_app
-
     def get(path):
-        response = client.get(path)
+        response = crafted_app.get(path)
         return response.status_code, response.data
 
-    check_answers(every_route(get, probe_cases), probe_cases)
+    check_answers(every_route(get))
 
 
 def test_the_largest_description_of_gpt2s_shape_is_served_within_the_stated_bound():
@@ -345,10 +381,9 @@ def test_the_largest_description_of_gpt2s_shape_is_served_within_the_stated_boun
 
 
 def test_a_run_folder_linked_from_outside_the_logdir_is_not_served(crafted_app):
-    client, _ = crafted_app
     query = urllib.parse.urlencode({"run": "linked", "tag": step_tag("story", 0)})
     for route in ("attention", "weights"):
-        response = client.get(f"{ROUTE}/{route}?{query}")
+        response = crafted_app.get(f"{ROUTE}/{route}?{query}")
         assert response.status_code == 200 and "tokens" not in response.json
         assert response.json["problem"]["run"] == "linked"
 
@@ -359,9 +394,9 @@ def test_a_run_folder_linked_from_outside_the_logdir_is_not_served(crafted_app):
 @pytest.fixture(scope="module")
 def crafted_server(tmp_path_factory):
     """`tensorboard --logdir` over the crafted logdir, as a user starts it (its own loader copes
-    with the bad event files); yields (base URL, probe cases made)."""
+    with the bad event files); yields its base URL."""
     root = tmp_path_factory.mktemp("crafted_server")
-    logdir, probe_cases = make_logdir(root)
+    logdir = make_logdir(root)
     add_bad_event_files(logdir / "good", root / "elsewhere")
     with tensorboard_server(logdir, root / "tensorboard.log") as (process, base):
         def loaded():
@@ -375,7 +410,7 @@ def crafted_server(tmp_path_factory):
                 p["run"] == "linked" for p in listing["problems"])
 
         tab.wait_for(loaded, STARTUP_TIMEOUT_S, "tensorboard to load the crafted logdir")
-        yield base, probe_cases
+        yield base
 
 
 def http_get(base):
@@ -390,26 +425,23 @@ def http_get(base):
 
 @pytest.mark.slow
 def test_a_real_tensorboard_serves_every_route_of_a_crafted_logdir(crafted_server):
-    base, probe_cases = crafted_server
-    check_answers(every_route(http_get(base), probe_cases), probe_cases)
+    check_answers(every_route(http_get(crafted_server)))
 
 
 @pytest.mark.slow
 def test_the_tab_says_what_it_skipped_and_draws_the_first_text_it_can(crafted_server, browser):
-    base, probe_cases = crafted_server
-    tab.open_tab(browser, base)
+    tab.open_tab(browser, crafted_server)
     lines = browser.execute_script(
         "return [...document.querySelectorAll('#problems .problem')].map(p => p.textContent)")
     # the text listed first has crafted weights: it is named, and the next one drawn instead
     first, second = sorted([*CRAFTED_TENSORS, *SERVED])[:2]
     assert (f'Skipped run "crafted", {step_tag(first, 0)}: {CRAFTED_TENSORS[first][1]}'
             in "\n".join(lines)), lines
-    for case in probe_cases - {"good"}:
-        assert any(line.startswith(f"Skipped probes/{case}/probe.json: ") for line in lines)
+    for case, (_, why) in CRAFTED_PROBES.items():
+        assert f'Skipped run "probe_runs/{case}", {PROBE_TAG}: {why}' in "\n".join(lines), case
     assert any(line.startswith('Skipped run "linked", its folder resolves outside') for line
                in lines)
-    assert any(line.startswith('Skipped run "good", events.out.tfevents.fifo: it is not a '
-                               "regular file") for line in lines)
+    assert not any("probe.json" in line or "tfevents" in line for line in lines), lines
     drawn = browser.execute_script(
         "return document.querySelector('#text-select').selectedOptions[0].text")
     assert drawn == f"crafted · {second}"

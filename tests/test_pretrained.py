@@ -22,9 +22,11 @@ from tokenizers import Tokenizer as HFTokenizer
 import tinylm.cli.explain
 import tinylm.cli.generate
 import tinylm.cli.probe
-from tinylm.attention import KVCache, MultiHeadAttention, causal_mask, softmax_attention
+from tinylm.attention import MultiHeadAttention, Variant, causal_mask
 from tinylm.checkpoint import load_checkpoint
+from tinylm.fast import softmax_attention
 from tinylm.files import project_root
+from tinylm.kv_cache import KVCache
 from tinylm.model import ModelConfig, TinyLM
 from tinylm.pretrained import export_gpt2, load_pretrained
 from tinylm.tokenizer import EOT, BPETokenizer, CharTokenizer, load_tokenizer
@@ -45,17 +47,18 @@ def _tiny(vocab_size, **overrides):
 
 
 def test_a_local_layers_mask_is_the_causal_triangle_cut_to_a_band():
-    assert causal_mask(5, 5, window=2).logical_not().int().tolist() == [
+    assert Variant(window=2).mask(5, 5).logical_not().int().tolist() == [
         [1, 0, 0, 0, 0],
         [1, 1, 0, 0, 0],
         [0, 1, 1, 0, 0],
         [0, 0, 1, 1, 0],
         [0, 0, 0, 1, 1]]
     # 2 new queries after 4 cached keys sit at positions 4 and 5, and see 3 keys each
-    assert causal_mask(2, 6, window=3).logical_not().int().tolist() == [
+    assert Variant(window=3).mask(2, 6).logical_not().int().tolist() == [
         [0, 0, 1, 1, 1, 0],
         [0, 0, 0, 1, 1, 1]]
-    assert torch.equal(causal_mask(6, 6, window=6), causal_mask(6, 6))  # nothing is that far
+    assert torch.equal(Variant(window=6).mask(6, 6), causal_mask(6, 6))  # nothing is that far
+    assert torch.equal(Variant(scale=1.0).mask(6, 6), causal_mask(6, 6))  # global: the triangle
 
 
 @pytest.mark.parametrize("scale, window", [(1.0, None), (None, 3), (1.0, 3), (0.3, 1)])
@@ -64,7 +67,8 @@ def test_every_attention_path_agrees_with_a_band_and_another_scale(scale, window
     dropout on a CPU) compute one thing: outputs and gradients, whole and through a KV cache
     whose positions go past the window."""
     torch.manual_seed(0)
-    mha = MultiHeadAttention(32, 4, scale=scale, window=window).eval()
+    variant = Variant(scale, window)
+    mha = MultiHeadAttention(32, 4, variant=variant).eval()
     x = torch.randn(2, 10, 32)
     outputs = {}
     for need_weights in (False, True):
@@ -76,11 +80,11 @@ def test_every_attention_path_agrees_with_a_band_and_another_scale(scale, window
     assert (fused - explicit).abs().max() <= 1e-5 and (g_fused - g_explicit).abs().max() <= 1e-5
     q, k, v = (t.detach().requires_grad_() for t in mha.project_heads(x))
     steps = mha.steps(q, k, v)
-    assert torch.equal(steps.weights == 0, causal_mask(10, 10, window=window).expand(2, 4, 10, 10))
+    assert torch.equal(steps.weights == 0, variant.mask(10, 10).expand(2, 4, 10, 10))
     expected = torch.softmax(q @ k.transpose(-2, -1) * (scale or 8 ** -0.5)
                              + steps.masked.isinf() * -1e9, dim=-1)
     assert (steps.weights - expected).abs().max() <= 1e-6
-    fast = softmax_attention(q, k, v, scale=scale, window=window)
+    fast = softmax_attention(q, k, v, 0.0, variant)
     assert (fast - steps.output).abs().max() <= 1e-5
     for need_weights in (False, True):
         cache = KVCache(1, 2, 4, max_len=16, head_size=8)
@@ -94,8 +98,7 @@ def test_every_attention_path_agrees_with_a_band_and_another_scale(scale, window
 def test_the_options_reach_every_layer_and_a_checkpoint_records_them(bpe, tmp_path):
     model = _tiny(bpe.vocab_size, n_layer=3, activation="gelu_tanh", attention_scale=False,
                        attention_layers=["global", "local", "local"], window_size=4)
-    assert [(b.attn.scale, b.attn.window) for b in model.blocks] == [(1.0, None), (1.0, 4),
-                                                                      (1.0, 4)]
+    assert [b.attn.variant for b in model.blocks] == [(1.0, None), (1.0, 4), (1.0, 4)]
     assert model.blocks[0].mlp.approximate == "tanh"
     idx = torch.tensor([bpe.encode(PROMPT)[:20]])
     loaded = load_checkpoint(save_run(tmp_path / "run", model, bpe))
@@ -541,7 +544,7 @@ def test_every_tool_runs_on_a_loaded_model_of_12_x_12_heads(bpe, tmp_path, monke
 
     said = command(tinylm.cli.generate, f"checkpoint={folder}", "max_new_tokens=3",
                   'prompt="Lily saw Tom. She"', "inspect=true", "temperature=0")
-    assert "one image per layer: 12 x 12 heads are more than the 64 drawn one by one" in said
+    assert "heatmap labels: every token on the all-heads maps; pronouns always" in said
     (logdir,) = (tmp_path / "runs" / "pretrained" / kind / "inspect").iterdir()
     assert (logdir / "inspect.json").is_file() and not (folder / "inspect").exists()
     layer_images = sorted(p.name for p in (logdir / "attention").iterdir())

@@ -13,9 +13,10 @@ import torch
 from helpers import compose, run_cli, save_run, to_dataclass
 from omegaconf import OmegaConf
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+from tensorboard.util import tensor_util
 from torch import nn
 
-import tinylm.generate
+import tinylm.cli.sizes
 from tinylm.cli.probe import ProbeConfig, run_probe
 from tinylm.files import project_root
 from tinylm.inspection.capture import NAMES, find_words
@@ -26,7 +27,6 @@ from tinylm.inspection.probe import (
     baselines,
     deciding_report,
     evidence,
-    format_report,
     head_accuracy,
     mention_attention,
     prediction_match,
@@ -43,6 +43,9 @@ from tinylm.inspection.probe_items import (
     new_word_tokens,
     parse_item,
 )
+from tinylm.inspection.probe_report import format_report
+from tinylm.inspection.tensorboard_plugin import PROBE_PLUGIN_NAME
+from tinylm.inspection.tensorboard_plugin.summary import PROBE_TAG
 from tinylm.model import LMOutput, TinyLM
 from tinylm.tokenizer import CharTokenizer
 
@@ -533,7 +536,7 @@ def test_a_batch_that_cannot_be_held_is_refused_before_any_work(run_dir, bpe, tm
     # width n_embd per token, and both copies of every head's attention: 4 bytes each
     longest = max(len(bpe.encode(f"Lily and Tom ran. {p}")) for p in ("He", "She"))
     each = 4 * longest * (400 + 16 * 16 + 2 * 2 * 2 * longest)
-    monkeypatch.setattr(tinylm.generate, "psutil", SimpleNamespace(
+    monkeypatch.setattr(tinylm.cli.sizes, "psutil", SimpleNamespace(
         virtual_memory=lambda: SimpleNamespace(available=int(each * 1.5))))
     cfg = ProbeConfig(checkpoint=str(run_dir), probe_file=str(path), out=str(tmp_path / "o.json"),
                       logdir=str(tmp_path / "tb"))
@@ -626,6 +629,14 @@ def test_cli_scores_heads_agreement_and_ablation_into_json_and_tensorboard(run_d
              "deciding_attention_name_later", "prediction_match", "prediction_correlation"]
     assert {f"probe/{name}" for name in grids} <= set(events.Tags()["images"])
     assert "probe/report/text_summary" in events.Tags()["tensors"]
+    # the resolving accuracy of every head, as the attention tab reads it
+    (grid,) = events.Tensors(PROBE_TAG)
+    metadata = events.SummaryMetadata(PROBE_TAG).plugin_data
+    assert metadata.plugin_name == PROBE_PLUGIN_NAME and json.loads(metadata.content)["n"] == 72
+    accuracy = tensor_util.make_ndarray(grid.tensor_proto)
+    assert accuracy.size == len(report["heads"]) and [
+        accuracy[h["layer"], h["head"]] for h in report["heads"]] == pytest.approx(
+        [h["accuracy"] for h in report["heads"]])
     for name in grids:
         assert (logdir / "probe" / f"{name}.png").read_bytes().startswith(b"\x89PNG")
 

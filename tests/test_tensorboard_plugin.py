@@ -35,9 +35,11 @@ from tinylm.inspection.report import inspect_texts
 from tinylm.inspection.tensorboard_plugin import PLUGIN_NAME
 from tinylm.inspection.tensorboard_plugin.plugin import HOW_TO_MAKE_DATA, AttentionPlugin
 from tinylm.inspection.tensorboard_plugin.summary import (
+    PROBE_TAG,
     attention_summary,
     step_tag,
     write_attention,
+    write_probe,
 )
 from tinylm.tokenizer import CharTokenizer
 from tinylm.train.trainer import train
@@ -126,7 +128,7 @@ def test_inspect_true_writes_the_plugin_data_beside_the_images(tmp_path, tiny_mo
     ((tag, (content, weights)),) = stored_texts(tmp_path).items()
     assert tag == "inspect/step_00000000" and content["text"] == "Lily saw Tom. She ran."
     assert weights.shape == (1, 2, 22, 22)
-    assert (tmp_path / "attention" / "layer_00" / "head_01.png").is_file()
+    assert (tmp_path / "attention" / "layer_00" / "all_heads.png").is_file()
 
 
 # ------------------------------------------------------------------------------- the backend
@@ -138,7 +140,7 @@ def test_an_empty_logdir_lists_no_texts_and_says_what_to_run(tmp_path):
     assert "tinylm-train" in HOW_TO_MAKE_DATA and "inspect=true" in HOW_TO_MAKE_DATA
 
 
-def test_older_or_truncated_data_is_named_by_run_and_file_and_the_rest_still_shows(
+def test_older_data_is_named_by_run_and_tag_and_a_truncated_event_file_shows_its_whole_records(
         tmp_path, char_capture):
     capture = char_capture("Lily saw Tom. She ran.", n_layer=1, n_head=2, block_size=32)
     write_text(tmp_path / "good", "inspect", capture)
@@ -148,18 +150,34 @@ def test_older_or_truncated_data_is_named_by_run_and_file_and_the_rest_still_sho
     writer = SummaryWriter(str(tmp_path / "old"))
     writer.file_writer.add_summary(old, 0)
     writer.close()
-    write_text(tmp_path / "cut", "inspect", capture)
+    writer = SummaryWriter(str(tmp_path / "cut"))
+    write_attention(writer, "inspect", capture, 0)
+    write_attention(writer, "inspect", capture, 1)
+    writer.close()
     (event_file,) = (tmp_path / "cut").iterdir()
     event_file.write_bytes(event_file.read_bytes()[:-100])  # a crash in the middle of a record
 
-    listing = in_process_app(tmp_path).get(f"{ROUTE}/texts").json
-    assert [(t["run"], t["name"]) for t in listing["texts"]] == [("good", "inspect")]
-    problems = {p["run"]: p for p in listing["problems"]}
-    assert problems.keys() == {"old", "cut"}
-    assert "format 0" in problems["old"]["message"] and "inspect/step_00000000" in \
-        problems["old"]["message"]
-    assert problems["cut"]["file"] == event_file.name
-    assert "truncated" in problems["cut"]["message"]
+    client = in_process_app(tmp_path)
+    listing = client.get(f"{ROUTE}/texts").json
+    # the data provider skips the record cut off: step 1 is missing, step 0 shows
+    assert [(t["run"], t["name"], t["steps"]) for t in listing["texts"]] == [
+        ("cut", "inspect", [{"step": 0, "tag": step_tag("inspect", 0)}]),
+        ("good", "inspect", [{"step": 0, "tag": step_tag("inspect", 0)}])]
+    (problem,) = listing["problems"]
+    assert problem["run"] == "old" and problem["tag"] == "inspect/step_00000000"
+    assert "format 0" in problem["message"]
+    query = urllib.parse.urlencode({"run": "cut", "tag": step_tag("inspect", 0)})
+    assert len(client.get(f"{ROUTE}/weights?{query}").data) == 2 * 2 * 22 * 22
+
+
+def test_a_probe_report_is_served_from_its_summary_with_its_run(tmp_path):
+    accuracy = np.array([[0.5, 0.25, 1.0], [0.0, 0.75, 0.125]])
+    writer = SummaryWriter(str(tmp_path / "run" / "probe"))
+    write_probe(writer, 72, accuracy)
+    writer.close()
+    assert in_process_app(tmp_path).get(f"{ROUTE}/probes").json == {
+        "reports": [{"run": "run/probe", "n": 72, "accuracy": accuracy.tolist()}],
+        "problems": []}
 
 
 def test_requests_can_name_only_tinylm_runs_never_a_path(tmp_path, char_capture):
@@ -169,6 +187,9 @@ def test_requests_can_name_only_tinylm_runs_never_a_path(tmp_path, char_capture)
     secret.mkdir()
     (secret / "probe.json").write_text(json.dumps(
         {"n": 1, "heads": [{"layer": 0, "head": 0, "accuracy": 0.5}]}))
+    writer = SummaryWriter(str(secret))
+    write_probe(writer, 1, np.full((1, 1), 0.5))
+    writer.close()
     (tmp_path / "logs" / "run" / "probe").mkdir()
     os.symlink(secret / "probe.json", tmp_path / "logs" / "run" / "probe" / "probe.json")
     os.symlink(secret, tmp_path / "logs" / "linked")
@@ -182,10 +203,10 @@ def test_requests_can_name_only_tinylm_runs_never_a_path(tmp_path, char_capture)
             assert response.status_code == 404, (route, run)
     for path in ("../../secret/probe.json", "%2e%2e/%2e%2e/secret/probe.json", "index.js/.."):
         assert client.get(f"{ROUTE}/{path}").status_code == 404, path
-    # the link out is not followed: listed as skipped, never opened
+    # a probe.json is never opened; the run folder linked out is listed as skipped, not served
     assert client.get(f"{ROUTE}/probes").json == {"reports": [], "problems": [{
-        "path": "run/probe/probe.json",
-        "message": "run/probe/probe.json: it links outside the logdir: not opened"}]}
+        "run": "linked", "tag": PROBE_TAG,
+        "message": f"{PROBE_TAG}: its folder resolves outside the logdir: not served"}]}
 
 
 # ------------------------------------------------------------------------------- the browser

@@ -36,11 +36,10 @@ def test_tensorboard_serves_the_attention_images_over_http(tmp_path, tiny_model)
                 tags = json.loads(get(f"{base}/data/plugin/images/tags"))
             except (urllib.error.URLError, ConnectionError):
                 pass
-            if tags.get(".", {}).get("attention/layer_00/head_01"):
+            if tags.get(".", {}).get("attention/layer_00/all_heads"):
                 break
             time.sleep(0.5)
-        assert {"attention/layer_00/all_heads", "attention/layer_00/head_00",
-                "attention/layer_00/head_01", "pronouns/00_She"} <= set(tags.get(".", {})), tags
+        assert "attention/layer_00/all_heads" in tags.get(".", {}), tags
 
         query = urllib.parse.urlencode({"run": ".", "tag": "attention/layer_00/all_heads"})
         (entry,) = json.loads(get(f"{base}/data/plugin/images/images?{query}"))

@@ -1,12 +1,13 @@
 """threads=auto: the thread count follows the usable cores and how busy they are."""
 
-import builtins
+import collections
 import importlib.util
 import os
 import subprocess
 import sys
 import time
 
+import psutil
 import pytest
 import torch
 
@@ -19,6 +20,7 @@ from tinylm.train.threads import (
     apply_threads,
     busy_cpus,
     choose_threads,
+    sample_cpus,
     usable_cpus,
 )
 
@@ -27,7 +29,8 @@ from tinylm.train.threads import (
 def machine(monkeypatch):
     """Set the affinity (a set of CPU ids) and the busy cores the next choice sees."""
     def set_machine(cpus, busy):
-        monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(cpus), raising=False)
+        monkeypatch.setattr(psutil.Process, "cpu_affinity", lambda self: list(cpus),
+                            raising=False)
         monkeypatch.setattr(tinylm.train.threads, "busy_cpus",
                             lambda cpus, since=None: None if busy is None else (busy, "test"))
     monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
@@ -51,15 +54,15 @@ def test_auto_leaves_the_cores_other_work_keeps_busy_and_keeps_at_least_one(
 
 
 def test_auto_counts_only_the_cores_of_the_affinity_mask(machine, monkeypatch):
-    monkeypatch.setattr(os, "cpu_count", lambda: 64)
+    monkeypatch.setattr(psutil, "cpu_count", lambda: 64)
     machine({3, 5}, 0.0)
     assert choose_threads("auto").threads == 2
 
 
 def test_without_an_affinity_call_every_cpu_is_usable(machine, monkeypatch):
     machine(range(2), 0.0)
-    monkeypatch.delattr(os, "sched_getaffinity")  # macOS, Windows
-    monkeypatch.setattr(os, "cpu_count", lambda: 6)
+    monkeypatch.delattr(psutil.Process, "cpu_affinity")  # macOS
+    monkeypatch.setattr(psutil, "cpu_count", lambda: 6)
     assert usable_cpus() == list(range(6))
     assert choose_threads("auto").threads == 6
 
@@ -96,25 +99,40 @@ def test_busy_cpus_counts_the_cores_busy_time_less_this_processs_own(
     assert busy_cpus([0, 1], since=start) == (pytest.approx(others), "over 2.0 s")
 
 
+def test_a_cpus_busy_time_is_all_but_idle_iowait_and_guest(monkeypatch):
+    times = collections.namedtuple("times", "user nice system idle iowait irq softirq steal "
+                                            "guest guest_nice")
+    per_cpu = [times(1.0, 2.0, 3.0, 100.0, 50.0, 0.5, 0.5, 1.0, 2.0, 1.0)] * 2  # Linux's fields
+    monkeypatch.setattr(psutil, "cpu_times", lambda percpu: per_cpu)
+    assert sample_cpus([0, 1]).busy == pytest.approx(16.0)
+
+
+def test_unreadable_cpu_times_leave_the_load_unknown(monkeypatch):
+    def no_proc(percpu):
+        raise FileNotFoundError("/proc/stat")
+
+    monkeypatch.setattr(psutil, "cpu_times", no_proc)
+    assert busy_cpus([0, 1]) is None
+
+
 def test_importing_samples_nothing_and_start_sample_samples_now(monkeypatch):
-    opened = []
-    real_open = builtins.open
+    sampled = []
+    real_cpu_times = psutil.cpu_times
 
-    def watched_open(file, *args, **kwargs):
-        opened.append(str(file))
-        return real_open(file, *args, **kwargs)
+    def watched_cpu_times(*args, **kwargs):
+        sampled.append(kwargs)
+        return real_cpu_times(*args, **kwargs)
 
-    monkeypatch.setattr(builtins, "open", watched_open)
+    monkeypatch.setattr(psutil, "cpu_times", watched_cpu_times)
     monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
     # the module's code run again as a fresh import would run it, under another name
     spec = importlib.util.spec_from_file_location("fresh_threads", tinylm.train.threads.__file__)
     fresh = importlib.util.module_from_spec(spec)
     monkeypatch.setitem(sys.modules, "fresh_threads", fresh)  # where dataclasses look it up
     spec.loader.exec_module(fresh)
-    assert "/proc/stat" not in opened and "OMP_WAIT_POLICY" not in os.environ
+    assert not sampled and "OMP_WAIT_POLICY" not in os.environ
     sample = fresh.start_sample()
-    if sys.platform.startswith("linux"):
-        assert "/proc/stat" in opened and time.monotonic() - sample.wall < 1.0
+    assert sampled == [{"percpu": True}] and time.monotonic() - sample.wall < 1.0
 
 
 def test_apply_threads_sets_torchs_intra_op_threads(machine):
@@ -131,16 +149,13 @@ def test_a_busy_process_is_measured_as_one_busy_core():
     cpus = usable_cpus()
     busy_loop = subprocess.Popen([sys.executable, "-c", "while True: pass"])
     try:
-        # let it start, then watch the cores (Linux: /proc/stat, elsewhere the load average)
+        # let it start, then watch the cores
         subprocess.run([sys.executable, "-c", "import time; time.sleep(0.3)"], check=True)
         busy, how = busy_cpus(cpus)
     finally:
         busy_loop.kill()
         busy_loop.wait()
-    if sys.platform.startswith("linux"):
-        assert 0.7 <= busy <= len(cpus) and how.startswith("over 0.")
-    else:
-        assert how == "1-minute load average" and busy >= 0
+    assert 0.7 <= busy <= len(cpus) and how.startswith("over 0.")
 
 
 @pytest.mark.parametrize("value", [0, -2, "many", 1.5, True])

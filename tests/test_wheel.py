@@ -43,7 +43,7 @@ def assert_trained_the_embedded_sample(done, corpora, cwd):
     out = done.stdout + done.stderr
     assert f"local files under {corpora}: tinystories/train-head.txt (197,290 bytes)" in out
     assert "Done: 5 steps" in out
-    assert (cwd / "runs" / "first" / "checkpoints" / "last").is_dir()
+    assert (cwd / "runs" / "first" / "checkpoints" / "last").is_file()
     assert (cwd / "data" / "tinystories-bpe" / "train.bin").is_file()
 
 

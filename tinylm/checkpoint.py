@@ -1,6 +1,6 @@
 """Checkpoints that rebuild themselves, written so that a crash never leaves a broken one.
 
-Layout inside a run directory:
+Layout inside a run directory (docs/training.md says it for users):
 
     .lock                      held by the process writing the run (.lock.pid: its pid, while held)
     checkpoints/
@@ -11,20 +11,14 @@ Layout inside a run directory:
         config.yaml            the resolved run config
         tokenizer.json         the tokenizer the model was trained with
         trainer_state.pt       optimizer, schedule, step, RNG, sampler state, thread count
-      last -> step-0000500     symlinks, switched atomically (tag files where there are none)
-      best -> step-0000250
+      last, best               tag files, each one line naming a step directory ("step-0000500")
 
-A checkpoint is written to a hidden directory, flushed and renamed into place; only then is a
-tag re-pointed (a fresh symlink, or a tag file where there are none, renamed onto it), so a kill at
-any moment leaves the previous complete checkpoint. Non-finite weights are never written, a failed
-write (a full disk) leaves nothing behind and says so in one line, and one process at a time
-writes a run directory (`run_dir_lock`). Loading refuses a model_config.json or a tokenizer.json
-that is not the one the weights were saved with.
+A checkpoint is written to a hidden directory and renamed into place; only then do the tags move,
+so a kill at any moment leaves the previous complete checkpoint.
 """
 
 from __future__ import annotations
 
-import errno
 import hashlib
 import json
 import logging
@@ -34,7 +28,7 @@ import re
 import shutil
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager, suppress
+from contextlib import ExitStack, contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -45,7 +39,13 @@ import yaml
 from filelock import FileLock, Timeout
 from safetensors import SafetensorError, safe_open
 
-from tinylm.files import NotWritten, fsync, remove, reported
+from tinylm.files import (
+    NotWritten,
+    published_atomically,
+    replaced_atomically,
+    reported,
+    sweep_leftovers,
+)
 from tinylm.model import ModelConfig, TinyLM
 from tinylm.pretrained import is_pretrained, load_pretrained, model_name
 from tinylm.tokenizer import CharTokenizer, Tokenizer, load_tokenizer
@@ -63,10 +63,6 @@ TAGS = ("last", "best")
 # and the tokenizer's kind, vocab_size and sha256 (of tokenizer.json's bytes).
 MODEL_RECORD, TOKENIZER_RECORD = "tinylm.model", "tinylm.tokenizer"
 _STEP_DIR = re.compile(r"^step-\d+(-\d+)?$")
-_TMP_PREFIX = ".tmp-"
-# What os.symlink raises on a disk that holds no symlinks (vfat on Linux: EPERM; exFAT on macOS:
-# ENOTSUP); anything else, a full disk say, is a failure to report.
-_NO_SYMLINKS = {errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.ENOSYS}
 
 log = logging.getLogger(__name__)
 
@@ -96,42 +92,15 @@ class Checkpoint:
     trainer_state_path: Path | None
 
 
-def _new_tag(checkpoints: Path, tag: str) -> Path:
-    """Where this process makes the next checkpoints/<tag>, to rename it onto the tag."""
-    return checkpoints / f"{_TMP_PREFIX}{tag}-{os.getpid()}"
-
-
-def _make_tag(checkpoints: Path, tag: str, target: str) -> None:
-    """Make _new_tag name checkpoints/<target>: a relative symlink, or a tag file holding the name
-    where the system or the disk makes no symlinks."""
-    tmp = _new_tag(checkpoints, tag)
-    if tmp.is_symlink() or tmp.exists():
-        tmp.unlink()
-    # Windows: symlinks need a privilege most users lack, and os.replace cannot move a
-    # directory's link onto another, so it always gets tag files
-    linked = os.name != "nt"
-    if linked:
-        try:
-            os.symlink(target, tmp)
-        except OSError as err:
-            if err.errno not in _NO_SYMLINKS:
-                raise
-            linked = False
-    if not linked:
-        tmp.write_text(f"{target}\n", encoding="utf-8")
-        fsync(tmp)
-
-
 def tagged(checkpoints: Path, tag: str) -> Path | None:
     """The step directory that checkpoints/<tag> names, which may be missing; None: no such tag.
 
-    A tag is a symlink, a tag file (one line, a step directory's name), or a checkpoint copied in
-    its place (`cp -r` follows links). A tag file naming anything but a step directory beside it
-    names nothing: a hand-edited `../elsewhere` is not followed.
+    A tag is a file holding one line, a step directory's name; one naming anything but a step
+    directory beside it names nothing (a hand-edited `../elsewhere` is not followed).
     """
     path = checkpoints / tag
-    if path.is_symlink() or path.is_dir():
-        return path.resolve()
+    if path.is_symlink() or path.is_dir():  # an older run's link, or a checkpoint copied in
+        return path.resolve()  # its place (`cp -r` follows links)
     if not path.is_file():
         return None
     with open(path, encoding="utf-8", errors="replace") as f:
@@ -154,14 +123,13 @@ def _remove_unreferenced(checkpoints: Path) -> None:
             shutil.rmtree(entry, ignore_errors=True)
 
 
-def _remove_leftovers(checkpoints: Path) -> list[str]:
-    """Delete what killed writers left (temporary directories and links); call it only while
-    holding the run directory's lock, which proves that no other process is writing here."""
-    removed = []
-    for entry in checkpoints.glob(f"{_TMP_PREFIX}*") if checkpoints.is_dir() else ():
-        remove(entry)
-        removed.append(entry.name)
-    return removed
+def _point_tags(checkpoints: Path, tags: tuple[str, ...], name: str) -> None:
+    """Point each tag at step directory `name`. Every tag file is written before any is renamed
+    onto its tag, so a full disk moves none of them."""
+    with ExitStack() as renamed_on_exit:
+        for tag in tags:
+            tmp = renamed_on_exit.enter_context(replaced_atomically(checkpoints / tag))
+            tmp.write_text(f"{name}\n", encoding="utf-8")
 
 
 @contextmanager
@@ -190,7 +158,7 @@ def run_dir_lock(run_dir: str | Path) -> Iterator[None]:
             pid_file.write_text(f"{os.getpid()}\n")
         if stale.isdigit() and not psutil.pid_exists(int(stale)):
             log.info(f"removed a stale lock of pid {stale} (a killed run)")
-        removed = _remove_leftovers(run_dir / CHECKPOINTS_DIR)
+        removed = sweep_leftovers(run_dir / CHECKPOINTS_DIR)
         if removed:
             log.info(f"removed what an interrupted save left in {run_dir / CHECKPOINTS_DIR}: "
                      f"{', '.join(removed)}")
@@ -248,8 +216,6 @@ def save_checkpoint(run_dir: str | Path, model: TinyLM, tokenizer: Tokenizer, ru
     for tag in tags:
         if tag not in TAGS:
             raise ValueError(f"checkpoint tag {tag!r} is not allowed; allowed: {', '.join(TAGS)}")
-    model = getattr(model, "module", model)  # unwrap DistributedDataParallel
-    model = getattr(model, "_orig_mod", model)  # unwrap torch.compile
     for param_name, p in model.named_parameters():  # a diverged model is never a checkpoint
         if not torch.isfinite(p).all():
             raise NonFiniteWeights(f"the weights are not finite ({param_name} holds NaN or inf)")
@@ -259,46 +225,30 @@ def save_checkpoint(run_dir: str | Path, model: TinyLM, tokenizer: Tokenizer, ru
     name, n = f"step-{step:07d}", 1
     while (checkpoints / name).exists():
         name, n = f"step-{step:07d}-{n}", n + 1
-    final, tmp = checkpoints / name, checkpoints / f"{_TMP_PREFIX}{name}-{os.getpid()}"
-
-    def write(file: str, writer) -> None:
-        """Write tmp/<file>; a failure names final/<file>, where it was to be (tmp is removed)."""
-        with reported(final / file):
-            try:
-                writer(tmp / file)
-            except NotWritten as err:  # the tokenizer's writer names its own temporary file
-                raise (err.__cause__ or err) from None
+    final = checkpoints / name
 
     try:
-        with reported(final):
-            shutil.rmtree(tmp, ignore_errors=True)
-            tmp.mkdir(parents=True)
-        write(TOKENIZER_FILE, tokenizer.save)  # first: the weights record its sha256
-        # save_model (not save_file) handles the tied embedding / LM head
-        write(WEIGHTS_FILE, lambda f: safetensors.torch.save_model(
-            model, str(f), metadata=_records(model, tokenizer, tmp / TOKENIZER_FILE)))
-        write(MODEL_CONFIG_FILE,
-              lambda f: f.write_text(json.dumps(model.config.to_dict(), indent=2) + "\n"))
-        write(RUN_CONFIG_FILE, lambda f: f.write_text(yaml.safe_dump(run_config, sort_keys=False)))
-        if trainer_state is not None:
-            write(TRAINER_STATE_FILE, lambda f: _save_trainer_state(trainer_state, f))
-        with reported(final):
-            for file in tmp.iterdir():
-                fsync(file)
-            fsync(tmp)
-        for tag in tags:
-            with reported(checkpoints / tag):
-                _make_tag(checkpoints, tag, name)
-        with reported(final):
-            os.rename(tmp, final)
-            fsync(checkpoints)
-            for tag in tags:
-                os.replace(_new_tag(checkpoints, tag), checkpoints / tag)
-            fsync(checkpoints)
+        with published_atomically(final) as tmp:  # renamed onto `final` once complete
+            def write(file: str, writer) -> None:
+                """Write tmp/<file>; a failure names final/<file>, where it was to be."""
+                with reported(final / file):
+                    try:
+                        writer(tmp / file)
+                    except NotWritten as err:  # the tokenizer's writer names its temporary file
+                        raise (err.__cause__ or err) from None
+
+            write(TOKENIZER_FILE, tokenizer.save)  # first: the weights record its sha256
+            # save_model (not save_file) handles the tied embedding / LM head
+            write(WEIGHTS_FILE, lambda f: safetensors.torch.save_model(
+                model, str(f), metadata=_records(model, tokenizer, tmp / TOKENIZER_FILE)))
+            write(MODEL_CONFIG_FILE,
+                  lambda f: f.write_text(json.dumps(model.config.to_dict(), indent=2) + "\n"))
+            write(RUN_CONFIG_FILE,
+                  lambda f: f.write_text(yaml.safe_dump(run_config, sort_keys=False)))
+            if trainer_state is not None:
+                write(TRAINER_STATE_FILE, lambda f: _save_trainer_state(trainer_state, f))
+        _point_tags(checkpoints, tags, name)
     except BaseException as err:  # a full disk, or Ctrl-C: nothing of this checkpoint stays
-        shutil.rmtree(tmp, ignore_errors=True)
-        for tag in tags:
-            _new_tag(checkpoints, tag).unlink(missing_ok=True)
         if checkpoints.is_dir():  # the new step, if it was renamed but never tagged
             _remove_unreferenced(checkpoints)
         if not isinstance(err, NotWritten):
@@ -310,7 +260,7 @@ def save_checkpoint(run_dir: str | Path, model: TinyLM, tokenizer: Tokenizer, ru
 
 def resolve_checkpoint_dir(path: str | Path, prefer: str = "best") -> Path:
     """The checkpoint directory meant by `path`: a run dir, its checkpoints/, one checkpoint, or
-    a tag (`checkpoints/best`, a link or a tag file).
+    a tag (`checkpoints/best`).
 
     Within a run, `prefer` ("best" or "last") is taken when it exists, else the other tag.
     """

@@ -1,17 +1,21 @@
 """The checks every config value meets, and the error they raise.
 
-Each config dataclass (ModelConfig, DataConfig, ..., and each command's) checks its values in
-__post_init__ with the validators below, so a dataclass built from Python is checked the same
-way as one built from the command line. Each raises ConfigError with one line:
-`<key>=<value> is not allowed: <rule>`. `null`, where a validator takes it, says what None means
-and allows it.
+Each config dataclass names each field's rule once, in its __post_init__ (rules across fields
+follow), and check() holds every other bool, int and float field to its type, so that one built
+from Python is checked as one built from the command line:
+
+    check(self, "model", n_layer=at_least(1), dropout=within(0, 1, high_open=True))
+
+Each raises ConfigError with one line: `<key>=<value> is not allowed: <rule>`. `null`, where a
+rule takes it, says what None means and allows it.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Mapping
+import typing
+from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
 T = TypeVar("T")
@@ -24,8 +28,9 @@ class ConfigError(ValueError):
 def to_dataclass(cls: type[T], node: Mapping[str, Any] | None, prefix: str) -> T:
     """Build dataclass `cls` from the plain mapping found at key `prefix` of a config.
 
-    Unknown keys are refused with one line naming them and the allowed keys; the dataclass's own
-    __post_init__ checks the values. Errors come out as ConfigError.
+    Unknown keys are refused with one line naming them and the allowed keys (a stored or
+    hand-written config; on the command line OmegaConf refuses them first); the dataclass's own
+    __post_init__ checks the values.
     """
     values = dict(node or {})
     allowed = [f.name for f in dataclasses.fields(cls)]
@@ -33,12 +38,7 @@ def to_dataclass(cls: type[T], node: Mapping[str, Any] | None, prefix: str) -> T
     if unknown:
         raise ConfigError(f"unknown config key {', '.join(f'{prefix}.{k}' for k in unknown)}; "
                           f"allowed under {prefix}: {', '.join(allowed)}")
-    try:
-        return cls(**values)
-    except ConfigError:
-        raise
-    except (TypeError, ValueError) as err:
-        raise ConfigError(str(err)) from err
+    return cls(**values)
 
 
 # ------------------------------------------------------------------------------ validators
@@ -99,7 +99,37 @@ def flag(key: str, value: Any) -> None:
         raise bad(key, value, "must be true or false")
 
 
-def divisible(key: str, value: int, by_key: str, by: int) -> None:
-    """`value` a multiple of `by` (the value of key `by_key`)."""
-    if value % by:
-        raise bad(key, value, f"must be divisible by {by_key}={by}")
+# ------------------------------------------------------------------ one config's rules
+
+Rule = Callable[[str, Any], None]  # refuses `value` of `key` with a ConfigError
+
+
+def at_least(least: int, null: str | None = None) -> Rule:
+    """An integer >= `least`; None too, where `null` says what it means."""
+    return lambda key, value: integer(key, value, least, null)
+
+
+def within(low: float | None = None, high: float | None = None, low_open: bool = False,
+           high_open: bool = False, null: str | None = None) -> Rule:
+    """A finite number in [low, high] (see number)."""
+    return lambda key, value: number(key, value, low, high, low_open, high_open, null)
+
+
+def choice(*allowed: Any) -> Rule:
+    """One of `allowed`."""
+    return lambda key, value: one_of(key, value, allowed)
+
+
+TYPE_RULES = {bool: flag, int: integer, float: number}  # a field's rule where none is given
+
+
+def check(config: Any, prefix: str = "", **rules: Rule) -> None:
+    """Refuse a field of dataclass `config` that breaks its rule in `rules`, else its type's (a
+    bool, int or float field); the error names the key `<prefix>.<field>`."""
+    names = [f.name for f in dataclasses.fields(config)]
+    assert set(rules) <= set(names), f"a rule for no field of {type(config).__name__}"
+    types = typing.get_type_hints(type(config))
+    for name in names:
+        rule = rules.get(name) or TYPE_RULES.get(types[name])
+        if rule is not None:
+            rule(f"{prefix}.{name}" if prefix else name, getattr(config, name))

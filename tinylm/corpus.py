@@ -37,7 +37,8 @@ OFFLINE_CHOICES = ("offline, train on the embedded TinyStories sample (data=tiny
                    "Shakespeare (data=tinyshakespeare) or on your own text (data=text "
                    "'data.files=[notes/*.txt]')")
 READ_CHUNK = 8 << 20  # characters read from a local file at a time
-_TRUE = {"1", "ON", "YES", "TRUE"}  # how huggingface_hub reads its boolean variables
+# what switches datasets off the hub, in the order datasets lets them decide
+OFFLINE_SWITCHES = ("HF_DATASETS_OFFLINE", "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")
 
 
 class HubError(RuntimeError):
@@ -65,11 +66,8 @@ def data_root(configured: str | None) -> tuple[Path, str]:
     return root.expanduser().resolve(), why
 
 
-def _match(root: Path, pattern: str) -> list[Path]:
-    """Files `pattern` names under `root` (absolute patterns ignore root); sorted for globs."""
-    path = Path(pattern).expanduser()
-    if not path.is_absolute():
-        path = root / path
+def _match(path: Path, pattern: str) -> list[Path]:
+    """Files `path` (`pattern` placed under the root) names; sorted for globs."""
     if any(ch in pattern for ch in "*?["):
         anchor = Path(path.anchor)
         return sorted(p for p in anchor.glob(str(path.relative_to(anchor))) if p.is_file())
@@ -80,11 +78,12 @@ def resolve_files(root: Path, patterns: list[str], corpus: str, why: str) -> lis
     """The files `patterns` name under `root`, each once; FileNotFoundError if one matches none."""
     files, missing = [], []
     for pattern in patterns:
-        if (root / Path(pattern).expanduser()).is_dir():
+        path = root / Path(pattern).expanduser()  # an absolute pattern ignores root
+        if path.is_dir():
             example = f"{pattern.rstrip('/')}/*.txt"
             raise ValueError(f"data.files: {pattern} is a directory ({root / pattern}); name "
                              f"the files in it, e.g. 'data.files=[{example}]'")
-        matches = _match(root, pattern)
+        matches = _match(path, pattern)
         if not matches:
             missing.append(pattern)
         files += [m for m in matches if m not in files]  # a file named twice is read once
@@ -189,19 +188,21 @@ def read_rows(path: Path, sample_by: str, errors: str = "strict") -> Iterator[st
 
 # ----------------------------------------------------------------------------------- the hub
 
-def check_hub_reachable(timeout: float = 5.0) -> None:
+def check_hub_reachable() -> None:
     """Raise HubError at once when the hub is switched off or unreachable, instead of
     huggingface_hub's half a minute of retries (behind a proxy only the switches are checked)."""
-    for switch in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE"):
-        if os.environ.get(switch, "").upper() in _TRUE:
-            raise HubError(f"the Hugging Face hub is switched off ({switch}="
-                           f"{os.environ[switch]}); {OFFLINE_CHOICES}")
+    from datasets import config  # here: its import takes a second, and only a hub corpus needs it
+
+    if config.HF_HUB_OFFLINE:  # datasets' reading of the switches (huggingface_hub's constants)
+        switch = next(name for name in OFFLINE_SWITCHES if os.environ.get(name))
+        raise HubError(f"the Hugging Face hub is switched off ({switch}="
+                       f"{os.environ[switch]}); {OFFLINE_CHOICES}")
     if any(os.environ.get(v) for v in ("HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy")):
         return
     endpoint = urlsplit(os.environ.get("HF_ENDPOINT") or "https://huggingface.co")
     port = endpoint.port or (443 if endpoint.scheme == "https" else 80)
     try:
-        socket.create_connection((endpoint.hostname, port), timeout=timeout).close()
+        socket.create_connection((endpoint.hostname, port), timeout=5).close()
     except OSError as err:
         raise HubError(f"the Hugging Face hub ({endpoint.hostname}:{port}) is unreachable "
                        f"({err.strerror or err}); {OFFLINE_CHOICES}") from None
@@ -260,8 +261,6 @@ def plan_local_split(cfg: DataConfig, files: list[Path]) -> SplitPlan:
     n = chars = 0
     for row in corpus_rows():
         n, chars = n + 1, chars + len(row)
-    if n == 0:
-        raise ValueError(f"corpus {cfg.name!r} has no text")
     if cfg.split_kind == "documents":
         if n < 2:
             raise ValueError(f"data.split=documents needs at least 2 documents, the corpus has {n};"

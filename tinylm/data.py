@@ -6,9 +6,9 @@
 
 prepare_data streams the corpus (tinylm/corpus.py) into <cache_dir>/<corpus>-<tokenizer>/
 {train.bin, val.bin, tokenizer.json, meta.json} (data/README.md). meta.json's fingerprint of the
-inputs and settings lets a later run reuse the directory. A build is written into a hidden folder
-beside it and renamed into place only when complete and flushed to the disk; a full disk leaves the
-previous cache as it was, and what a killed prepare left is swept by the next one.
+inputs and settings lets a later run reuse the directory. A build is published whole or not at all
+(tinylm.files): a full disk leaves the previous cache as it was; the next prepare sweeps what a
+killed one left.
 """
 
 from __future__ import annotations
@@ -18,7 +18,6 @@ import hashlib
 import itertools
 import json
 import os
-import shutil
 import time
 from collections.abc import Callable
 from contextlib import ExitStack
@@ -30,7 +29,7 @@ import numpy as np
 import tokenizers
 import torch
 
-from tinylm.config import bad, integer, number, one_of
+from tinylm.config import ConfigError, at_least, bad, check, choice, within
 from tinylm.corpus import (
     SplitPlan,
     check_embedded,
@@ -44,19 +43,14 @@ from tinylm.corpus import (
 )
 from tinylm.files import (
     NotWritten,
-    fsync,
     nearest_folder,
     not_written,
+    published_atomically,
     sweep_leftovers,
-    temporary_name,
 )
 from tinylm.tokenizer import EOT, Tokenizer, TokenizerConfig, load_tokenizer, train_tokenizer
 
 FORMAT_VERSION = 1  # bump when what prepare_data writes changes: old caches then rebuild
-SOURCES = ("local", "hub")
-SAMPLE_BY = ("line", "paragraph", "document")
-SPLITS = ("auto", "tail", "documents")
-ON_DECODE_ERROR = ("strict", "replace")
 # What joins two rows of a local file back into the text they were cut from; whole documents
 # are joined by <|endoftext|> instead, so the model sees where one ends.
 ROW_JOINER = {"line": "\n", "paragraph": "\n\n", "document": EOT}
@@ -87,19 +81,19 @@ class DataConfig:
     on_decode_error: str = "strict"  # strict: stop at invalid UTF-8 | replace: use U+FFFD
 
     def __post_init__(self):
-        for key, allowed in (("source", SOURCES), ("sample_by", SAMPLE_BY), ("split", SPLITS),
-                             ("on_decode_error", ON_DECODE_ERROR)):
-            one_of(f"data.{key}", getattr(self, key), allowed)
-        number("data.val_fraction", self.val_fraction, 0, 1, low_open=True, high_open=True)
-        integer("data.split_seed", self.split_seed)
+        check(self, "data", source=choice("local", "hub"),
+              sample_by=choice("line", "paragraph", "document"),
+              split=choice("auto", "tail", "documents"),
+              val_fraction=within(0, 1, low_open=True, high_open=True),
+              max_documents=at_least(2, null="for all"),
+              on_decode_error=choice("strict", "replace"))
         if self.source == "hub" and not self.hub_id:
-            raise ValueError(f"data.source=hub needs data.hub_id (corpus {self.name!r} has none)")
+            raise ConfigError(f"data.source=hub needs data.hub_id (corpus {self.name!r} has none)")
         if self.source == "local" and not self.files:
-            raise ValueError("data.files is empty: name the local text files (paths or globs), "
-                             "e.g. data=text 'data.files=[notes/*.txt]'")
+            raise ConfigError("data.files is empty: name the local text files (paths or globs), "
+                              "e.g. data=text 'data.files=[notes/*.txt]'")
         if not isinstance(self.files, list) or not all(isinstance(f, str) for f in self.files):
             raise bad("data.files", self.files, "must be a list of paths or globs")
-        integer("data.max_documents", self.max_documents, least=2, null="for all")
         if not self.name or "/" in self.name:
             raise bad("data.name", self.name, "it names the cache directory, so it must be "
                       "non-empty and without '/'")
@@ -144,8 +138,7 @@ def bin_dtype(vocab_size: int) -> np.dtype:
 
 
 class IdWriter:
-    """Appends one split's ids to its .bin file a chunk of rows at a time, the joiner's ids
-    between consecutive rows; counts rows and tokens."""
+    """Appends one split's rows to its .bin file as ids, the joiner's ids between two rows."""
 
     def __init__(self, file: BinaryIO, tokenizer: Tokenizer, joiner: str):
         self.file = file
@@ -190,30 +183,30 @@ def write_ids(plan: SplitPlan, tokenizer: Tokenizer, joiner: str, directory: Pat
 def open_cache(directory: Path, expected: str) -> tuple[PreparedData | None, str | None]:
     """(the prepared data in `directory`, None) if it holds the fingerprint `expected` and is
     complete (the .bin sizes agree with meta.json's counts), else (None, why or None)."""
-    meta_path = directory / "meta.json"
     if not directory.is_dir():
         return None, None
+    meta_path = directory / "meta.json"
     try:
         meta = json.loads(meta_path.read_text(encoding="utf-8"))
     except (OSError, json.JSONDecodeError) as err:
         return None, f"{meta_path} is missing or unreadable ({err.__class__.__name__})"
     if meta.get("fingerprint") != expected:
         return None, "inputs or settings changed since it was written"
-    itemsize = np.dtype(meta.get("dtype", "uint16")).itemsize
+    # the same fingerprint means the same format: every field below is there
+    itemsize = np.dtype(meta["dtype"]).itemsize
     for split in ("train", "val"):
-        path = directory / f"{split}.bin"
+        path, tokens = directory / f"{split}.bin", meta[f"{split}_tokens"]
         size = path.stat().st_size if path.is_file() else None
-        if size is None or size != meta.get(f"{split}_tokens", -1) * itemsize:
+        if size != tokens * itemsize:
             held = "is missing" if size is None else f"holds {size // itemsize:,} tokens"
-            return None, (f"{path.name} {held} but meta.json says "
-                          f"{meta.get(f'{split}_tokens')} tokens")
+            return None, f"{path.name} {held} but meta.json says {tokens} tokens"
     try:
         tokenizer = load_tokenizer(directory / "tokenizer.json")
     except (OSError, ValueError) as err:
         return None, str(err)
-    if tokenizer.vocab_size != meta.get("vocab_size"):
+    if tokenizer.vocab_size != meta["vocab_size"]:
         return None, (f"tokenizer.json has {tokenizer.vocab_size} tokens but meta.json says "
-                      f"{meta.get('vocab_size')}")
+                      f"{meta['vocab_size']}")
     return PreparedData(directory, directory / "train.bin", directory / "val.bin", meta,
                         tokenizer, from_cache=True), None
 
@@ -221,31 +214,6 @@ def open_cache(directory: Path, expected: str) -> tuple[PreparedData | None, str
 def cache_path(data_cfg: DataConfig, tok_cfg: TokenizerConfig) -> Path:
     """<cache_dir>/<corpus>-<tokenizer>: the folder prepare_data writes."""
     return Path(data_cfg.cache_dir).expanduser() / f"{data_cfg.name}-{tok_cfg.name}"
-
-
-def publish(build: Path, directory: Path) -> None:
-    """Flush a finished build to the disk and move it to `directory`, replacing an outdated one;
-    never half-visible. If the move fails, the outdated one stays."""
-    for file in build.iterdir():
-        fsync(file)
-    fsync(build)
-    trash = None
-    if directory.exists():
-        trash = temporary_name(directory, "old")
-        os.rename(directory, trash)
-    try:
-        os.rename(build, directory)
-    except OSError:
-        if directory.is_dir():  # another process published the same build first
-            return
-        if trash is not None:
-            os.rename(trash, directory)
-            trash = None
-        raise
-    finally:
-        if trash is not None:
-            shutil.rmtree(trash, ignore_errors=True)
-    fsync(directory.parent)
 
 
 # ------------------------------------------------------------------------------- preparing
@@ -306,45 +274,42 @@ def prepare_data(data_cfg: DataConfig, tok_cfg: TokenizerConfig, *, force: bool 
                          "data.cache_dir=/path/to/folder")
     plan = plan_local_split(data_cfg, files) if data_cfg.source == "local" \
         else plan_hub_split(data_cfg)
-    build = temporary_name(directory)
     try:
-        build.mkdir(parents=True)
-        if tok_cfg.name == "char":
-            # Every character must get an id, the joiner's and validation's too (nanoGPT's
-            # shakespeare_char also takes its vocabulary from the whole text).
-            texts = itertools.chain((row for _, row in plan.rows()), [data_cfg.joiner])
-            tokenizer = train_tokenizer(tok_cfg, texts)
-        else:
-            log(f"Training byte-level BPE (vocab_size {tok_cfg.vocab_size}) on the training "
-                f"split's first {tok_cfg.train_bytes / 1e6:,.0f} MB at most")
-            tokenizer = train_tokenizer(tok_cfg, training_texts(plan, tok_cfg.train_bytes))
-        writers = write_ids(plan, tokenizer, data_cfg.joiner, build)
-        for split, writer in writers.items():
-            if writer.tokens == 0:
-                raise ValueError(f"the {split} split of corpus {data_cfg.name!r} has no tokens")
-        how = plan.describe({split: writer.rows for split, writer in writers.items()})
-        log(f"Split ({data_cfg.split_kind}): {how}")
-        tokenizer.save(build / "tokenizer.json")
-        meta = {
-            "format": FORMAT_VERSION, "corpus": data_cfg.name, "source": data_cfg.source,
-            "inputs": inputs, "hub_id": data_cfg.hub_id if data_cfg.source == "hub" else None,
-            "tokenizer": tok_cfg.name, "vocab_size": tokenizer.vocab_size,
-            "eot_id": tokenizer.eot_id, "dtype": bin_dtype(tokenizer.vocab_size).name,
-            "split": data_cfg.split_kind, "split_detail": how,
-            "train_tokens": writers["train"].tokens, "val_tokens": writers["val"].tokens,
-            "train_rows": writers["train"].rows, "val_rows": writers["val"].rows,
-            "fingerprint": key,
-            "settings": {"data": dataclasses.asdict(data_cfg),
-                         "tokenizer": dataclasses.asdict(tok_cfg)},
-        }
-        (build / "meta.json").write_text(json.dumps(meta, indent=2, ensure_ascii=False) + "\n",
-                                         encoding="utf-8")
-        publish(build, directory)
-    except OSError as err:  # a full disk: name the cache, not the hidden build folder
-        raise not_written(directory, err.__cause__ if isinstance(err, NotWritten) else err) \
-            from err
-    finally:
-        shutil.rmtree(build, ignore_errors=True)
+        # swapped whole for an outdated cache once complete and flushed
+        with published_atomically(directory, replace=True) as build:
+            if tok_cfg.name == "char":
+                # Every character must get an id, the joiner's and validation's too (nanoGPT's
+                # shakespeare_char also takes its vocabulary from the whole text).
+                texts = itertools.chain((row for _, row in plan.rows()), [data_cfg.joiner])
+                tokenizer = train_tokenizer(tok_cfg, texts)
+            else:
+                log(f"Training byte-level BPE (vocab_size {tok_cfg.vocab_size}) on the training "
+                    f"split's first {tok_cfg.train_bytes / 1e6:,.0f} MB at most")
+                tokenizer = train_tokenizer(tok_cfg, training_texts(plan, tok_cfg.train_bytes))
+            writers = write_ids(plan, tokenizer, data_cfg.joiner, build)
+            for split, writer in writers.items():
+                if writer.tokens == 0:
+                    raise ValueError(f"the {split} split of corpus {data_cfg.name!r} has no tokens")
+            how = plan.describe({split: writer.rows for split, writer in writers.items()})
+            log(f"Split ({data_cfg.split_kind}): {how}")
+            tokenizer.save(build / "tokenizer.json")
+            meta = {
+                "format": FORMAT_VERSION, "corpus": data_cfg.name, "source": data_cfg.source,
+                "inputs": inputs,
+                "hub_id": data_cfg.hub_id if data_cfg.source == "hub" else None,
+                "tokenizer": tok_cfg.name, "vocab_size": tokenizer.vocab_size,
+                "eot_id": tokenizer.eot_id, "dtype": bin_dtype(tokenizer.vocab_size).name,
+                "split": data_cfg.split_kind, "split_detail": how,
+                "train_tokens": writers["train"].tokens, "val_tokens": writers["val"].tokens,
+                "train_rows": writers["train"].rows, "val_rows": writers["val"].rows,
+                "fingerprint": key,
+                "settings": {"data": dataclasses.asdict(data_cfg),
+                             "tokenizer": dataclasses.asdict(tok_cfg)},
+            }
+            (build / "meta.json").write_text(
+                json.dumps(meta, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+    except NotWritten as err:  # name the cache, not a file in the hidden build folder
+        raise not_written(directory, err.__cause__) from err
 
     m, dtype, unit = meta, meta["dtype"], data_cfg.row_unit
     log(f"Wrote {directory}/ in {time.perf_counter() - start:.1f} s:\n"
@@ -402,7 +367,7 @@ class BatchSampler:
                                         "does not exist; pass dtype= or run tinylm-prepare")
             dtype = json.loads(meta_path.read_text(encoding="utf-8"))["dtype"]
         # A read-only memory map: only the windows drawn are read from disk.
-        self.data = np.memmap(self.path, dtype=np.dtype(dtype), mode="r")
+        self.data = np.memmap(self.path, dtype=dtype, mode="r")
         _require_window(len(self.data), block_size, str(self.path))
         self.block_size, self.batch_size = block_size, batch_size
         self.seed, self.rank, self.world_size = seed, rank, world_size
@@ -419,11 +384,9 @@ class BatchSampler:
         windows = self.data[starts[:, None] + np.arange(T + 1)]  # (B, T+1)
         windows = torch.from_numpy(windows.astype(np.int64))
         x, y = windows[:, :-1].contiguous(), windows[:, 1:].contiguous()  # (B, T) each
-        device = torch.device(device)
-        if device.type == "cuda":  # pinned memory lets the copy overlap with compute
-            return x.pin_memory().to(device, non_blocking=True), \
-                y.pin_memory().to(device, non_blocking=True)
-        return x.to(device), y.to(device)
+        if torch.device(device).type == "cuda":  # pinned memory lets the copy overlap with compute
+            x, y = x.pin_memory(), y.pin_memory()
+        return x.to(device, non_blocking=True), y.to(device, non_blocking=True)
 
     def state_dict(self) -> dict:
         """Everything needed to continue the same stream of batches (tensors and primitives)."""

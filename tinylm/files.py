@@ -15,7 +15,7 @@ import os
 import re
 import secrets
 import shutil
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 from pathlib import Path
 
@@ -51,8 +51,6 @@ class NotWritten(OSError):
 def disk_of(path: str | Path) -> Path:
     """The mount point of the disk that holds `path`, or would hold it."""
     place = Path(os.path.abspath(path))
-    while not place.exists() and place != place.parent:
-        place = place.parent
     while not os.path.ismount(place) and place != place.parent:
         place = place.parent
     return place
@@ -75,20 +73,16 @@ def not_written(path: str | Path, err: BaseException) -> NotWritten:
     return NotWritten(f"{path} could not be written: {reason} ({space})", errno_)
 
 
-# What a writer raises when the disk refuses it: safetensors reports its own SafetensorError.
-# (torch.save raises a RuntimeError from its zip writer: its caller names it.)
-WRITE_ERRORS: tuple[type[BaseException], ...] = (OSError, SafetensorError)
-
-
 @contextmanager
-def reported(path: str | Path, errors: tuple[type[BaseException], ...] = WRITE_ERRORS
-             ) -> Iterator[None]:
-    """Turn a write's failure (`errors`) inside the block into NotWritten naming `path`."""
+def reported(path: str | Path) -> Iterator[None]:
+    """Turn a write's failure inside the block into NotWritten naming `path`."""
     try:
         yield
     except NotWritten:
         raise
-    except errors as err:
+    # safetensors reports a refused write as its own SafetensorError (torch.save raises a
+    # RuntimeError from its zip writer: its caller names it)
+    except (OSError, SafetensorError) as err:
         raise not_written(path, err) from err
 
 
@@ -174,33 +168,41 @@ def replaced_atomically(path: str | Path) -> Iterator[Path]:
 
 
 @contextmanager
-def published_atomically(directory: str | Path) -> Iterator[Path]:
+def published_atomically(directory: str | Path, replace: bool = False) -> Iterator[Path]:
     """Yield a temporary folder beside `directory` to write files into; when the block ends,
-    move each of them into `directory` (made if missing), each one whole. A failed block leaves
-    `directory` as it was and no temporary folder (for event files and figures of one report)."""
+    flush it to the disk and publish it: a new `directory` is that folder renamed (one step);
+    an existing one gets each file moved in, each one whole, beside what it holds (event files
+    and figures of one report), or with `replace` is swapped whole for the new folder (a
+    rebuilt data cache). A failed block leaves `directory` as it was and no temporary folder."""
     directory = Path(directory)
-    build = temporary_name(directory)
+    build, old = temporary_name(directory), temporary_name(directory, "old")
     made = [p for p in Path(os.path.abspath(directory)).parents if not p.exists()]
     try:
         with reported(directory):
             build.mkdir(parents=True)
             yield build
-            directory.mkdir(parents=True, exist_ok=True)
-            for file in sorted(build.rglob("*")):
-                if file.is_file():
-                    target = directory / file.relative_to(build)
-                    target.parent.mkdir(parents=True, exist_ok=True)
-                    fsync(file)
-                    os.replace(file, target)
+            for path in [*build.rglob("*"), build]:
+                fsync(path)
+            if replace and directory.exists():
+                os.rename(directory, old)  # moved back below if the new one cannot go in
+            if directory.exists():
+                for file in sorted(build.rglob("*")):
+                    if file.is_file():
+                        target = directory / file.relative_to(build)
+                        target.parent.mkdir(parents=True, exist_ok=True)
+                        os.replace(file, target)
+            else:
+                os.rename(build, directory)
             fsync(directory)
-    except BaseException:
-        shutil.rmtree(build, ignore_errors=True)
-        for folder in made:  # the parents this call made, if nothing else arrived there
+            fsync(directory.parent)
+    finally:
+        remove(build)
+        if old.exists() and not directory.exists():
+            os.rename(old, directory)
+        remove(old)
+        for folder in made:  # the parents this call made, if nothing arrived there
             with suppress(OSError):
                 folder.rmdir()
-        raise
-    finally:
-        shutil.rmtree(build, ignore_errors=True)
 
 
 def write_text_atomic(path: str | Path, text: str) -> None:
@@ -209,9 +211,7 @@ def write_text_atomic(path: str | Path, text: str) -> None:
         tmp.write_text(text, encoding="utf-8")
 
 
-def write_json_atomic(path: str | Path, data: dict,
-                      default: Callable[[object], object] | None = None) -> None:
+def write_json_atomic(path: str | Path, data: dict) -> None:
     """Write a report as indented JSON to `path` whole or not at all (tinylm-probe,
-    tinylm-bench, the inspection's inspect.json); `default` as in json.dumps, for values JSON
-    has no type for."""
-    write_text_atomic(path, json.dumps(data, indent=2, default=default) + "\n")
+    tinylm-bench, the inspection's inspect.json)."""
+    write_text_atomic(path, json.dumps(data, indent=2) + "\n")

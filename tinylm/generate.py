@@ -9,40 +9,17 @@ crops a prompt to the context. The command is tinylm-generate (tinylm/cli/genera
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 
-import psutil
 import torch
 import torch.nn.functional as F
 
+from tinylm import fast
 from tinylm.model import TinyLM
 
 # The smallest temperature above 0: sampling divides the logits by it, and far smaller ones
 # overflow float32 (NaN) while sampling is already greedy here; temperature=0 says greedy plainly.
 MIN_TEMPERATURE = 1e-3
-# What a sample holds per token until it is printed and returned: the id in the output buffer
-# (8 bytes), the token's text piece (a str in a list) and its characters in the sample's text.
-# Measured under 40 bytes with a byte-level BPE; counted 128, as a longer piece takes more.
-TOKEN_BYTES = 128
-
-
-def refuse_unless_held(key: str, value: object, n: int, held: Callable[[int], float], rule: str,
-                       unit: str | None = None) -> None:
-    """Refuse `key=value` in one line, before any work, when the work would hold `held(n)` bytes
-    (n: the count the value sets; held grows with it) and they do not fit in the memory available
-    now. The line says `rule`, what the work holds, and the largest count that fits: as key=N,
-    or as N `unit`s when given."""
-    available = psutil.virtual_memory().available
-    if held(n) <= available:
-        return
-    fits, too_many = 0, n  # the largest count that fits lies in [fits, too_many)
-    while too_many - fits > 1:
-        middle = (fits + too_many) // 2
-        fits, too_many = (middle, too_many) if held(middle) <= available else (fits, middle)
-    allowed = f"at most {key}={fits}" if unit is None else f"{key} with at most {fits:,} {unit}"
-    raise ValueError(f"{key}={value} is more than the memory can hold: {rule}, and "
-                     f"{available / 2**20:,.0f} MiB are available now; give {allowed}")
 
 
 def sample_next(logits: torch.Tensor, temperature: float = 1.0, top_k: int | None = None,
@@ -67,36 +44,6 @@ def sample_next(logits: torch.Tensor, temperature: float = 1.0, top_k: int | Non
     return torch.multinomial(probs, num_samples=1, generator=generator).squeeze(-1)
 
 
-@contextmanager
-def cpu_decoding(model: TinyLM) -> Iterator[None]:
-    """Within: one-token steps of a float32 CPU model set up to run fastest; elsewhere (bf16,
-    autocast, CUDA) nothing changes, and both changes are undone on the way out.
-
-    1. PyTorch's own CPU kernels instead of oneDNN's (a process-wide switch), whose set-up per
-       call outweighs one token's work; both compute the exact (erf) GELU.
-    2. Every weight matrix stored column by column (same values and shape): a step multiplies
-       one row by each weight's transpose, read faster from a contiguous (in, out) copy. The
-       copies hold the weights' memory a second time while decoding.
-    """
-    weights = model.wte.weight
-    float32_cpu = (weights.device.type == "cpu" and weights.dtype == torch.float32
-                   and not torch.is_autocast_enabled("cpu"))
-    plain = float32_cpu and torch.backends.mkldnn.enabled
-    kept = [(p, p.data) for p in model.parameters() if p.dim() == 2 and p.is_contiguous()] \
-        if float32_cpu else []
-    if plain:
-        torch.backends.mkldnn.enabled = False
-    for p, data in kept:
-        p.data = data.t().contiguous().t()  # (out, in) values, (in, out) in memory
-    try:
-        yield
-    finally:
-        for p, data in kept:
-            p.data = data
-        if plain:
-            torch.backends.mkldnn.enabled = True
-
-
 @torch.inference_mode()
 def generate(model: TinyLM, idx: torch.Tensor, max_new_tokens: int, temperature: float = 1.0,
              top_k: int | None = None, top_p: float | None = None,
@@ -118,7 +65,7 @@ def generate(model: TinyLM, idx: torch.Tensor, max_new_tokens: int, temperature:
     out[:, :T] = idx
     finished = torch.zeros(B, dtype=torch.bool, device=idx.device)
     kv_cache = model.new_kv_cache(B) if use_cache else None
-    with cpu_decoding(model):
+    with fast.cpu_decoding(model):  # a float32 CPU model's steps set up to run fastest
         for end in range(T, T + max_new_tokens):
             if end > T and kv_cache is not None and kv_cache.length < block_size:
                 # the cache holds everything before the last token: feed just that one

@@ -1,7 +1,7 @@
 """The tinylm causal Transformer language model (GPT-2 style, pre-norm).
 
 Reads top-down: config -> MLP -> Block -> TinyLM. The attention it is built on lives in
-tinylm/attention.py.
+tinylm/attention.py, the KV cache in tinylm/kv_cache.py.
 
     from tinylm.model import ModelConfig, TinyLM
     model = TinyLM(ModelConfig(vocab_size=256, block_size=64, n_layer=2, n_head=4, n_embd=64))
@@ -18,10 +18,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from tinylm.attention import KVCache, MultiHeadAttention
-from tinylm.config import bad, divisible, flag, integer, number, one_of
-from tinylm.dropout import Dropout
-from tinylm.loss import lm_head_cross_entropy
+from tinylm.attention import MultiHeadAttention, Variant
+from tinylm.config import at_least, bad, check, choice, within
+from tinylm.fast import lm_head_cross_entropy
+from tinylm.kv_cache import KVCache
 
 
 @dataclass
@@ -35,36 +35,37 @@ class ModelConfig:
     n_embd: int = 128
     dropout: float = 0.1  # the default run sees its ~1 MB corpus ~20 times: regularise
     bias: bool = False  # biases in Linear and LayerNorm layers
-    # What GPT-2 and GPT-Neo do otherwise (tinylm/pretrained.py); the defaults are tinylm's own.
+    # ---- the seam for pretrained models (tinylm/pretrained.py): what GPT-2 and GPT-Neo do
+    # otherwise, handed to each layer as one attention Variant (layer_variant). The defaults are
+    # tinylm's own; a learner may skip these four.
     activation: str = "gelu"  # the MLP's GELU: gelu (exact, erf) | gelu_tanh (GPT-2's tanh form)
     attention_scale: bool = True  # divide q·kᵀ by √head_size; GPT-Neo does not
     attention_layers: list[str] | None = None  # per layer: global | local; None: all global
     window_size: int | None = None  # positions a local layer's query sees, itself included
 
     def __post_init__(self):
-        for name in ("block_size", "n_layer", "n_head", "n_embd"):
-            integer(f"model.{name}", getattr(self, name), least=1)
-        integer("model.vocab_size", self.vocab_size, least=1, null="to take it from the tokenizer")
-        divisible("model.n_embd", self.n_embd, "model.n_head", self.n_head)
-        number("model.dropout", self.dropout, 0, 1, high_open=True)
-        flag("model.bias", self.bias)
-        one_of("model.activation", self.activation, ("gelu", "gelu_tanh"))
-        flag("model.attention_scale", self.attention_scale)
+        check(self, "model", vocab_size=at_least(1, null="to take it from the tokenizer"),
+              block_size=at_least(1), n_layer=at_least(1), n_head=at_least(1),
+              n_embd=at_least(1), dropout=within(0, 1, high_open=True),
+              activation=choice("gelu", "gelu_tanh"),
+              window_size=at_least(1, null="without local layers"))
+        if self.n_embd % self.n_head:
+            raise bad("model.n_embd", self.n_embd,
+                      f"must be divisible by model.n_head={self.n_head}")
         layers = self.attention_layers
         if layers is not None and (not isinstance(layers, list) or len(layers) != self.n_layer
                                    or not set(layers) <= {"global", "local"}):
             raise bad("model.attention_layers", layers, f"must list global or local for each of "
                       f"the {self.n_layer} layers, or be null for all global")
-        integer("model.window_size", self.window_size, least=1, null="without local layers")
         if layers and "local" in layers and self.window_size is None:
             raise bad("model.window_size", None, "must be an integer >= 1 where "
                       "model.attention_layers has local layers: the positions they see")
 
-    def layer_window(self, i: int) -> int | None:
-        """How many positions layer i's queries see: window_size in a local layer, else None
-        (every position up to their own)."""
+    def layer_variant(self, i: int) -> Variant:
+        """Layer i's attention Variant: its scale, and in a local layer its window."""
         local = self.attention_layers is not None and self.attention_layers[i] == "local"
-        return self.window_size if local else None
+        return Variant(scale=None if self.attention_scale else 1.0,
+                       window=self.window_size if local else None)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -85,7 +86,7 @@ class MLP(nn.Module):
         super().__init__()
         self.fc = nn.Linear(config.n_embd, 4 * config.n_embd, bias=config.bias)
         self.proj = nn.Linear(4 * config.n_embd, config.n_embd, bias=config.bias)
-        self.dropout = Dropout(config.dropout)
+        self.dropout = nn.Dropout(config.dropout)
         self.approximate = "tanh" if config.activation == "gelu_tanh" else "none"
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -95,12 +96,11 @@ class MLP(nn.Module):
 class Block(nn.Module):
     """Pre-norm Transformer block: x + attn(ln(x)), then x + mlp(ln(x))."""
 
-    def __init__(self, config: ModelConfig, window: int | None = None):
+    def __init__(self, config: ModelConfig, variant: Variant | None = None):
         super().__init__()
         self.ln_1 = nn.LayerNorm(config.n_embd, bias=config.bias)
         self.attn = MultiHeadAttention(config.n_embd, config.n_head, config.dropout, config.bias,
-                                       scale=None if config.attention_scale else 1.0,
-                                       window=window)
+                                       variant)
         self.ln_2 = nn.LayerNorm(config.n_embd, bias=config.bias)
         self.mlp = MLP(config)
 
@@ -121,8 +121,8 @@ class TinyLM(nn.Module):
         self.config = config
         self.wte = nn.Embedding(config.vocab_size, config.n_embd)  # token embeddings
         self.wpe = nn.Embedding(config.block_size, config.n_embd)  # position embeddings
-        self.drop = Dropout(config.dropout)
-        self.blocks = nn.ModuleList([Block(config, config.layer_window(i))
+        self.drop = nn.Dropout(config.dropout)
+        self.blocks = nn.ModuleList([Block(config, config.layer_variant(i))
                                      for i in range(config.n_layer)])
         self.ln_f = nn.LayerNorm(config.n_embd, bias=config.bias)
         self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
@@ -154,18 +154,6 @@ class TinyLM(nn.Module):
             n -= self.wpe.weight.numel()
         return n
 
-    def flops_per_token(self, seq_len: int | None = None) -> float:
-        """Training FLOPs (forward + backward) per token at context `seq_len` (default block_size).
-
-        6 per parameter (2 forward, 4 backward) plus attention's q·kᵀ and weights·v, which do not
-        show in the parameter count: 2 matmuls x 2 FLOPs x 3 (fwd+bwd) = 12 per layer, head dim
-        and key position. Counts every key (the causal half is not subtracted), as in the PaLM
-        appendix, so MFU figures stay comparable with nanoGPT's.
-        """
-        c = self.config
-        t = seq_len or c.block_size
-        return 6 * self.num_params() + 12 * c.n_layer * c.n_embd * t
-
     def new_kv_cache(self, batch_size: int, max_len: int | None = None) -> KVCache:
         """An empty KVCache for every layer, on the model's device and dtype."""
         c, p = self.config, self.wte.weight
@@ -183,7 +171,7 @@ class TinyLM(nn.Module):
         return_attention: also return every layer's weights, (B, n_head, T, T_k) each.
         head_mask (n_layer, n_head): multiplies each head's output; 0 ablates that head.
         need_logits=False (with targets): only the loss, computed without the (B, T, V) logits
-        (tinylm/loss.py), which makes a training step faster on a CPU; logits is None.
+        (tinylm/fast.py), which makes a training step faster on a CPU; logits is None.
         """
         B, T = idx.size()
         start = kv_cache.length if kv_cache is not None else 0
@@ -207,7 +195,7 @@ class TinyLM(nn.Module):
         if kv_cache is not None:
             kv_cache.advance(T)  # every layer has stored its T new positions
         x = self.ln_f(x)
-        if not need_logits:
+        if not need_logits:  # training's faster loss (tinylm/fast.py): the logits never exist
             if targets is None:
                 raise ValueError("need_logits=False leaves only the loss: pass targets too")
             loss = lm_head_cross_entropy(x.reshape(B * T, -1), self.lm_head.weight,

@@ -21,12 +21,11 @@ from pathlib import Path
 from tokenizers import Tokenizer as HFTokenizer
 from tokenizers import decoders, models, pre_tokenizers, trainers
 
-from tinylm.config import integer, one_of
+from tinylm.config import ConfigError, at_least, check, choice, integer
 from tinylm.files import write_text_atomic
 
 EOT = "<|endoftext|>"  # separates documents in the token stream; the model learns "story over"
 N_BYTES = 256  # byte-level BPE starts from one symbol per byte value
-TOKENIZER_NAMES = ("bpe", "char")
 
 
 @dataclass
@@ -38,12 +37,11 @@ class TokenizerConfig:
     train_bytes: int = 100_000_000  # bpe learns its merges on at most this much training text
 
     def __post_init__(self):
-        one_of("tokenizer.name", self.name, TOKENIZER_NAMES)
+        check(self, "tokenizer", name=choice("bpe", "char"), train_bytes=at_least(1))
         if self.name == "char" and self.vocab_size is not None:
-            raise ValueError(f"tokenizer.vocab_size={self.vocab_size!r} is not allowed for "
-                             "tokenizer=char: its vocabulary is the corpus's characters; "
-                             "leave it null")
-        integer("tokenizer.train_bytes", self.train_bytes, least=1)
+            raise ConfigError(f"tokenizer.vocab_size={self.vocab_size!r} is not allowed for "
+                              "tokenizer=char: its vocabulary is the corpus's characters; "
+                              "leave it null")
         if self.name == "bpe":
             # byte-level BPE needs the 256 byte symbols and the special token <|endoftext|>
             integer("tokenizer.vocab_size", self.vocab_size, least=N_BYTES + 1)
@@ -73,8 +71,7 @@ class Tokenizer(ABC):
 
     @abstractmethod
     def save(self, path: str | Path) -> None:
-        """Write the tokenizer to one JSON file (callers name it tokenizer.json), whole or not at
-        all (a full disk raises NotWritten and leaves the file as it was)."""
+        """Write the tokenizer to one JSON file, whole or not at all (a full disk: NotWritten)."""
 
     def encode(self, text: str) -> list[int]:
         """Ids of `text`; the literal string <|endoftext|> becomes eot_id."""
@@ -113,8 +110,7 @@ class BPETokenizer(Tokenizer):
     @classmethod
     def train(cls, texts: Iterable[str], vocab_size: int,
               show_progress: bool | None = None) -> BPETokenizer:
-        """Learn merges on `texts` until vocab_size ids (fewer if the texts run out of pairs);
-        progress bars only where asked or, by default, when stdout is a terminal."""
+        """Learn merges on `texts` up to vocab_size ids; progress bars by default on a terminal."""
         hf = HFTokenizer(models.BPE())
         # No normalizer: text must come back exactly as it went in (NFC would change accents).
         hf.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
@@ -208,15 +204,13 @@ class CharTokenizer(Tokenizer):
         return "".join(self.token_strings(ids))
 
     def token_strings(self, ids: Iterable[int]) -> list[str]:
+        vocabulary = [*self.chars, EOT]  # id -> its text
         labels = []
         for token_id in map(int, ids):
-            if token_id == self.eot_id:
-                labels.append(EOT)
-            elif 0 <= token_id < self.eot_id:
-                labels.append(self.chars[token_id])
-            else:
+            if not 0 <= token_id < len(vocabulary):
                 raise ValueError(f"token id {token_id} is outside this tokenizer's "
                                  f"vocabulary of {self.vocab_size}")
+            labels.append(vocabulary[token_id])
         return labels
 
     def save(self, path: str | Path) -> None:

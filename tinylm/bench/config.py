@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, is_dataclass
 from pathlib import Path
 
-from tinylm.config import integer, one_of, to_dataclass
+from tinylm.config import at_least, check, choice, to_dataclass
 from tinylm.data import DataConfig
 from tinylm.model import ModelConfig
 from tinylm.tokenizer import TokenizerConfig
@@ -70,8 +70,7 @@ class LoadBenchConfig:
     rounds: int = 3
 
     def __post_init__(self):
-        one_of("load.optim", self.optim, OPTIMIZERS)
-        integer("load.rounds", self.rounds, least=1)
+        check(self, "load", optim=choice(*OPTIMIZERS), rounds=at_least(1))
 
 
 # nanoGPT's CPU command for shakespeare_char in the shape of conf/experiment/shakespeare_char.yaml
@@ -139,10 +138,8 @@ class BenchConfig:
     endtoend: EndToEndBenchConfig = field(default_factory=EndToEndBenchConfig)
 
     def __post_init__(self):
-        one_of("section", self.section, ("all", *SECTIONS))
-        for key in ("threads", "repeats"):
-            integer(key, getattr(self, key), least=1)
-        integer("warmup", self.warmup, least=0)
+        check(self, section=choice("all", *SECTIONS), threads=at_least(1), repeats=at_least(1),
+              warmup=at_least(0))
         if self.model.vocab_size is None:
             raise ValueError("model.vocab_size=None is not allowed here: the benchmark builds "
                              "no tokenizer to take it from; set a number")

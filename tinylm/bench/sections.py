@@ -18,7 +18,8 @@ from torch import nn
 from tinylm.attention import MultiHeadAttention, causal_mask
 from tinylm.bench.config import BenchConfig
 from tinylm.corpus import data_root, read_rows, resolve_files
-from tinylm.generate import cpu_decoding, generate
+from tinylm.fast import cpu_decoding
+from tinylm.generate import generate
 from tinylm.model import ModelConfig, TinyLM
 from tinylm.tokenizer import train_tokenizer
 
@@ -45,10 +46,9 @@ class Ratio:
     met: bool | None = field(init=False)  # None: no target
 
     def __post_init__(self):
+        self.met = None
         if self.target is not None:
             self.met = self.value <= self.target if self.at_most else self.value >= self.target
-        else:
-            self.met = None
 
 
 @dataclass
@@ -194,7 +194,7 @@ def bench_generate(cfg: BenchConfig) -> Section:
          "tinylm.generate.generate(temperature=0); GPT-2: generate(do_sample=False, "
          "use_cache=True, min_new_tokens=max_new_tokens), sdpa attention",
          f"step rows: median time of one cached step (forward of 1 token + argmax, set up as "
-         f"generate sets it up: tinylm.generate.cpu_decoding), {g.latency_steps} steps per "
+         f"generate sets it up: tinylm.fast.cpu_decoding), {g.latency_steps} steps per "
          "timed call"])
 
 
@@ -228,10 +228,10 @@ def bench_data(cfg: BenchConfig) -> Section:
         raise ValueError(f"data.source={data.source!r}: the data section reads local files "
                          "only; use data.source=local")
     root, why = data_root(data.data_root)
-    errors = "replace" if data.on_decode_error == "replace" else "strict"
     files = resolve_files(root, data.files, data.name, why)
-    # rows cut as tinylm-prepare cuts them
-    texts = [row for path in files for row in read_rows(path, data.sample_by, errors)]
+    # rows cut as tinylm-prepare cuts them (on_decode_error: strict | replace)
+    texts = [row for path in files for row in read_rows(path, data.sample_by,
+                                                         data.on_decode_error)]
     text = data.joiner.join(texts)
     megabytes = len(text.encode("utf-8")) / 1e6
     # no progress bars: they would clutter the tables and be drawn inside the timed calls

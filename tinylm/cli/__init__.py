@@ -80,11 +80,6 @@ def register(schemas: dict[str, type]) -> None:
         store.store(group=group or None, name=leaf, node=cls)
 
 
-def plain(cfg: DictConfig) -> dict:
-    """A composed config as plain dicts and lists, every interpolation resolved."""
-    return OmegaConf.to_container(cfg, resolve=True)
-
-
 # ------------------------------------------------------------------------------- the entry
 
 
@@ -105,7 +100,8 @@ def command(prog: str, config_name: str, schema: type, run: Callable[[Any], Any]
 
     def start(cfg: DictConfig) -> Any:
         try:
-            options = build(plain(checked(cfg, schema)))
+            refuse_loose_bools(schema)
+            options = build(OmegaConf.to_container(cfg, resolve=True))
         except ConfigError:
             if refused is not None:
                 refused()
@@ -186,14 +182,13 @@ def print_what_stdout_can() -> None:
 # -------------------------------------------------------------------------- bad input, one line
 
 
-def checked(cfg: DictConfig, schema: type) -> DictConfig:
-    """`cfg`, once no bool field was given anything but true or false: OmegaConf reads "no",
-    "off" or "1" as a bool, and a typo must never flip a setting silently."""
+def refuse_loose_bools(schema: type) -> None:
+    """Refuse a bool field given anything but true or false: OmegaConf reads "no", "off" or "1"
+    as a bool, and a typo must never flip a setting silently."""
     for override in HydraConfig.get().overrides.task:
         key, value = key_and_value(override)
         if field_type(schema, key) is bool and value.lower() not in ("true", "false"):
             raise ConfigError(f"{key}={value} is not allowed: must be true or false")
-    return cfg
 
 
 def field_type(schema: type, key: str) -> Any:
@@ -229,12 +224,11 @@ def one_line(err: Exception, schema: type, groups: tuple[str, ...] = ()) -> str:
                 f"{', '.join(options) or 'none'}")
     cause = err if isinstance(err, OmegaConfBaseException) else err.__cause__
     key = getattr(cause, "full_key", None)
+    value = given(key)  # as typed: OmegaConf's error holds it converted, or not at all
     if isinstance(cause, ValidationError) and key:
-        value = given(key)
         return f"{key}={cause.value if value is None else value} is not allowed: " \
                f"{type_rule(cause.object_type, cause.key)}"
     if isinstance(cause, ConfigKeyError | ConfigAttributeError) and key:
-        value = given(key)
         where = f" (in {key}={value})" if value is not None else ""
         parent, _, _ = key.rpartition(".")
         node = field_type(schema, parent) if parent else schema

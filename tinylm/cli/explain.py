@@ -8,29 +8,40 @@
     tinylm-explain checkpoint=runs/x 'text="Lily saw a cat. She"' layer=1 head=0 query=She
     tinylm-explain png=attention.png logdir=runs/explain   # the steps as heatmaps too
 
-The command picks the mode and prints the walkthrough that tinylm.inspection.walkthrough writes.
+The command reads Q, K, V (from the command line or qkv_file), picks the mode, prints the
+walkthrough that tinylm.inspection.walkthrough writes and draws its figures.
 """
 
 from __future__ import annotations
 
+import math
 import os
 import sys
+from collections.abc import Sequence
+from contextlib import nullcontext
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
-from tinylm.checkpoint import load_checkpoint
+import torch
+import yaml  # JSON is YAML, so one reader serves both
+
 from tinylm.cli import command
-from tinylm.config import bad, flag, integer
+from tinylm.cli.loading import load_for_command
+from tinylm.cli.sizes import refuse_qkv_file, refuse_unprintable
+from tinylm.config import ConfigError, at_least, bad, check
+from tinylm.files import published_atomically
 from tinylm.inspection.walkthrough import (
-    MAX_DIGITS,
-    QKV_FILE_KEYS,
     Explanation,
     explain_given_multi_head,
     explain_given_qkv,
     explain_model_head,
-    read_qkv_file,
-    write_figures,
 )
-from tinylm.train.threads import apply_threads, check_threads_setting, start_sample
+from tinylm.train.threads import check_threads_setting
+
+QKV_FILE_KEYS = ("q", "k", "v", "x")
+# The numbers are float32, exact to about 7 significant digits: more decimals show only rounding.
+MAX_DIGITS = 9
 
 
 @dataclass
@@ -58,54 +69,123 @@ class ExplainConfig:
     threads: int | str = "auto"  # checkpoint mode: torch intra-op threads (tinylm/train/threads.py)
 
     def __post_init__(self):
-        for name, low in (("digits", 0), ("top", 1), ("layer", 0), ("head", 0)):
-            integer(name, getattr(self, name), least=low)
+        check(self, digits=at_least(0), top=at_least(1), layer=at_least(0), head=at_least(0),
+              n_head=at_least(1, null="for the default"),
+              d_model=at_least(1, null="for the default"), threads=check_threads_setting)
         if self.digits > MAX_DIGITS:
             raise bad("digits", self.digits, f"must be at most {MAX_DIGITS}: the numbers are "
                       "float32, exact to about 7 significant digits")
-        check_threads_setting("threads", self.threads)
-        for name in ("n_head", "d_model"):
-            integer(name, getattr(self, name), least=1, null="for the default")
-        integer("seed", self.seed)
-        flag("causal", self.causal)
         inline = [n for n in QKV_FILE_KEYS if getattr(self, n) is not None]
         if self.qkv_file is not None and inline:
-            raise ValueError(f"give the matrices either in qkv_file={self.qkv_file!r} or on the "
-                             f"command line ({', '.join(inline)}), not both")
+            raise ConfigError(f"give the matrices either in qkv_file={self.qkv_file!r} or on "
+                              f"the command line ({', '.join(inline)}), not both")
         if self.checkpoint is not None:
             extra = inline + [n for n in ("qkv_file", "n_head", "d_model")
                               if getattr(self, n) is not None]
             if extra:
-                raise ValueError(f"checkpoint mode takes Q, K, V from the model; drop "
-                                 f"{', '.join(extra)}")
+                raise ConfigError(f"checkpoint mode takes Q, K, V from the model; drop "
+                                  f"{', '.join(extra)}")
             if not self.text:
-                raise ValueError('checkpoint mode needs text=..., e.g. '
-                                 '\'text="Lily saw a cat. She"\'')
+                raise ConfigError('checkpoint mode needs text=..., e.g. '
+                                  '\'text="Lily saw a cat. She"\'')
+
+
+# ----------------------------------------------------------------------------- the input
+
+
+def to_matrix(name: str, value: Any) -> torch.Tensor:
+    """A list of rows of numbers (or one flat row) -> float tensor (rows, cols); clear errors."""
+    example = f"e.g. {name}=[[1,0],[0,1]]"
+    if isinstance(value, (str, bytes)) or not isinstance(value, Sequence):
+        raise ValueError(f"{name}={value!r} is not a list of rows of numbers ({example})")
+    if len(value) == 0:
+        raise ValueError(f"{name} is empty; give at least one row ({example})")
+    nested = [isinstance(row, Sequence) and not isinstance(row, str) for row in value]
+    if not any(nested):
+        value = [value]  # one flat row: a single query, key or value
+    elif not all(nested):
+        raise ValueError(f"{name} mixes rows and single numbers: {list(value)!r} ({example})")
+    rows = []
+    for i, row in enumerate(value):
+        if len(row) != len(value[0]):
+            raise ValueError(f"{name} is ragged: row 0 has {len(value[0])} numbers but row {i} "
+                             f"has {len(row)}; every row needs the same count ({example})")
+        for j, x in enumerate(row):
+            if isinstance(x, bool) or not isinstance(x, (int, float)) or not math.isfinite(x):
+                raise ValueError(f"{name}[{i}][{j}] = {x!r} is not allowed: entries must be "
+                                 "finite numbers")
+        rows.append([float(x) for x in row])
+    if len(rows[0]) == 0:
+        raise ValueError(f"{name} has rows of 0 numbers ({example})")
+    return torch.tensor(rows)
+
+
+def read_qkv_file(path: str) -> dict[str, Any]:
+    """Read a JSON or YAML file that maps some of q, k, v, x to lists of rows."""
+    file = Path(path)
+    if not file.exists():
+        raise FileNotFoundError(f"qkv_file={path!r} does not exist")
+    if not file.is_file():  # a directory, a pipe or a device: it may never end
+        raise ValueError(f"qkv_file={path!r} is not a regular file; name a JSON or YAML file")
+    refuse_qkv_file(path, file.stat().st_size)
+    try:
+        data = yaml.safe_load(file.read_text())
+    except yaml.YAMLError as err:
+        raise ValueError(f"qkv_file={path!r} is not valid JSON or YAML: {err}") from err
+    if not isinstance(data, dict) or not data:
+        raise ValueError(f"qkv_file={path!r} must hold a mapping with keys among "
+                         f"{', '.join(QKV_FILE_KEYS)}")
+    unknown = sorted(str(key) for key in data if key not in QKV_FILE_KEYS)
+    if unknown:
+        raise ValueError(f"qkv_file={path!r} has unknown key {', '.join(unknown)}; allowed: "
+                         f"{', '.join(QKV_FILE_KEYS)}")
+    return data
+
+
+def _matrix(given: dict, name: str) -> torch.Tensor | None:
+    """given[name] as a matrix (rows, cols); None when it is not given."""
+    return None if given.get(name) is None else to_matrix(name, given[name])
 
 
 # ----------------------------------------------------------------------------- the modes
 
 
-def _explain_checkpoint(cfg: ExplainConfig) -> Explanation:
-    """Checkpoint mode: one head of a trained model on cfg.text."""
-    cpu_sample = start_sample()
-    ckpt = load_checkpoint(cfg.checkpoint)
-    apply_threads(cfg.threads, cpu_sample)  # matters little here: one forward pass
-    return explain_model_head(ckpt.model, ckpt.tokenizer, cfg.text, cfg.layer, cfg.head,
-                              cfg.query, cfg.top, cfg.digits, source=str(ckpt.directory))
+def _explain_multi_head(cfg: ExplainConfig, given: dict) -> Explanation:
+    """n_head mode, on the x that `given` holds; q, k, v and query belong to the other modes."""
+    unused = [name for name in ("q", "k", "v") if given.get(name) is not None]
+    if unused:
+        raise ValueError(f"n_head mode projects Q, K, V from x; give x=[[...]] instead of "
+                         f"{', '.join(unused)}")
+    if cfg.query is not None:
+        raise ValueError("query picks the row to follow in the single-head and checkpoint modes; "
+                         "n_head mode shows every row")
+    return explain_given_multi_head(cfg.n_head, _matrix(given, "x"), cfg.d_model, cfg.seed,
+                                    cfg.digits, printable=refuse_unprintable)
+
+
+def _explain_qkv(cfg: ExplainConfig, given: dict) -> Explanation:
+    """Single-head mode, on the q, k, v that `given` holds; x and d_model belong to n_head mode."""
+    if given.get("x") is not None or cfg.d_model is not None:
+        raise ValueError("x and d_model are for multi-head mode; add n_head=<heads>")
+    if given.get("q") is None and (given.get("k") is not None or given.get("v") is not None):
+        raise ValueError("k or v were given without q; give q too")
+    q, k, v = (_matrix(given, name) for name in ("q", "k", "v"))
+    return explain_given_qkv(q, k, v, cfg.causal, cfg.query, cfg.digits,
+                             printable=refuse_unprintable)
 
 
 def explain(cfg: ExplainConfig) -> str:
     """The walkthrough cfg asks for, as text; writes the figures when png/logdir are set."""
     given = read_qkv_file(cfg.qkv_file) if cfg.qkv_file else {
         "q": cfg.q, "k": cfg.k, "v": cfg.v, "x": cfg.x}
-    if cfg.checkpoint is not None:
-        result = _explain_checkpoint(cfg)
+    if cfg.checkpoint is not None:  # one head of a trained model on cfg.text
+        ckpt = load_for_command(cfg.checkpoint, threads=cfg.threads).checkpoint
+        result = explain_model_head(ckpt.model, ckpt.tokenizer, cfg.text, cfg.layer, cfg.head,
+                                    cfg.query, cfg.top, cfg.digits, source=str(ckpt.directory))
     elif cfg.n_head is not None:
-        result = explain_given_multi_head(given, cfg.n_head, cfg.d_model, cfg.seed, cfg.digits,
-                                          cfg.query)
+        result = _explain_multi_head(cfg, given)
     else:
-        result = explain_given_qkv(given, cfg.causal, cfg.query, cfg.digits, cfg.d_model)
+        result = _explain_qkv(cfg, given)
     text = result.text
     if cfg.png or cfg.logdir:
         text += "\n\n" + "\n".join(write_figures(result, cfg.png, cfg.logdir))
@@ -113,6 +193,26 @@ def explain(cfg: ExplainConfig) -> str:
 
 
 # ----------------------------------------------------------------------------- the command
+
+
+def write_figures(explanation: Explanation, png: str | None, logdir: str | None) -> list[str]:
+    """Write the heatmaps as a PNG and/or to TensorBoard, each whole or (a full disk) neither;
+    returns lines saying where."""
+    # imported here: only runs that ask for figures wait for matplotlib (and TensorBoard)
+    from tinylm.inspection.figures import event_writer, save_figure, steps_figure
+
+    fig = steps_figure(explanation.panels, f"tinylm-explain: {explanation.title}")
+    written = []
+    with published_atomically(logdir) if logdir else nullcontext() as folder:
+        if logdir:
+            tag = "explain/" + explanation.title.replace(" ", "_").replace(",", "")
+            with event_writer(folder) as writer:
+                writer.add_figure(tag, fig, global_step=0, close=False)
+            written.append(f"TensorBoard figure {tag!r} written to {logdir} "
+                           f"(tensorboard --logdir {logdir})")
+        if png:  # last: a failed event file leaves no PNG either
+            written.insert(0, f"Figure written to {save_figure(fig, png)}")
+    return written
 
 
 def print_explanation(cfg: ExplainConfig) -> None:

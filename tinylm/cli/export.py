@@ -15,9 +15,9 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from tinylm.checkpoint import load_checkpoint
 from tinylm.cli import command
-from tinylm.config import one_of
+from tinylm.cli.loading import load_for_command
+from tinylm.config import check, choice
 from tinylm.files import nearest_folder, published_atomically
 from tinylm.pretrained import export_gpt2
 
@@ -31,7 +31,7 @@ class ExportConfig:
     prefer: str = "best"  # which checkpoint of a run: best or last
 
     def __post_init__(self):
-        one_of("prefer", self.prefer, ("best", "last"))
+        check(self, prefer=choice("best", "last"))
 
 
 def run_export(cfg: ExportConfig, out=None) -> Path:
@@ -42,7 +42,7 @@ def run_export(cfg: ExportConfig, out=None) -> Path:
                          "out=<folder to write>")
     folder = Path(cfg.out)
     nearest_folder(folder, "out", cfg.out, "cannot hold the export")  # refused before the work
-    ckpt = load_checkpoint(cfg.checkpoint, device="cpu", prefer=cfg.prefer)
+    ckpt = load_for_command(cfg.checkpoint, prefer=cfg.prefer).checkpoint  # on the CPU
     with published_atomically(folder) as build:
         note = export_gpt2(ckpt.model, ckpt.tokenizer, build)
     print(f"exported {ckpt.directory} as GPT-2 to {folder}: "

@@ -17,32 +17,31 @@ import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 
-from tinylm.checkpoint import default_logdir, load_checkpoint
+from tinylm.checkpoint import default_logdir
 from tinylm.cli import command
-from tinylm.config import ConfigError, bad, flag, integer, number, one_of
-from tinylm.device import resolve_device
-from tinylm.generate import (
-    MIN_TEMPERATURE,
-    TOKEN_BYTES,
-    StreamDecoder,
-    encode_prompt,
-    generate,
-    refuse_unless_held,
-)
-from tinylm.inspection.capture import ATTENTION_BYTES, TEXT_TOKEN_BYTES
-from tinylm.model import ModelConfig
-from tinylm.train.threads import apply_threads, check_threads_setting, start_sample
+from tinylm.cli.loading import load_for_command
+from tinylm.cli.sizes import refuse_prompt_file, refuse_samples
+from tinylm.config import ConfigError, at_least, bad, check, choice, number, within
+from tinylm.generate import MIN_TEMPERATURE, StreamDecoder, encode_prompt, generate
+from tinylm.train.threads import check_threads_setting
 
-# Reading and tokenizing a prompt holds about 120 bytes per byte of it (measured: the text, its
-# ids and character spans); counted 256, for the tokenizer's own copy.
-PROMPT_BYTES = 256
 # How long a prompt file that is a pipe or a device (/dev/stdin, <(command)) may go silent
 PROMPT_WAIT_S = 10
 FILE_KINDS = {stat.S_ISFIFO: "a pipe", stat.S_ISCHR: "a character device",
               stat.S_ISBLK: "a block device", stat.S_ISSOCK: "a socket"}
+
+
+def temperature_rule(key: str, value: Any) -> None:
+    """A temperature: 0 (greedy), or a finite number >= MIN_TEMPERATURE."""
+    try:
+        number(key, value, low=0 if value == 0 else MIN_TEMPERATURE)
+    except ConfigError:
+        raise bad(key, value, "must be 0 (greedy) or a finite number >= "
+                  f"{MIN_TEMPERATURE:g}") from None
 
 
 @dataclass
@@ -67,27 +66,15 @@ class GenerateConfig:
     threads: int | str = "auto"  # torch intra-op threads; auto: the idle usable cores
 
     def __post_init__(self):
-        integer("max_new_tokens", self.max_new_tokens, least=0)
-        if self.temperature != 0:
-            try:
-                number("temperature", self.temperature, low=MIN_TEMPERATURE)
-            except ConfigError:
-                raise bad("temperature", self.temperature, "must be 0 (greedy) or a finite "
-                          f"number >= {MIN_TEMPERATURE:g}") from None
-        integer("top_k", self.top_k, least=1, null="for no limit")
-        number("top_p", self.top_p, 0, 1, low_open=True, null="for no limit")
-        integer("seed", self.seed)
+        check(self, max_new_tokens=at_least(0), temperature=temperature_rule,
+              top_k=at_least(1, null="for no limit"),
+              top_p=within(0, 1, low_open=True, null="for no limit"), num_samples=at_least(1),
+              prefer=choice("best", "last"), top_words=at_least(1), threads=check_threads_setting)
         if not -2**63 <= self.seed < 2**64:
             raise bad("seed", self.seed, "must be an integer in [-2**63, 2**64): torch's "
                       "generators take a 64-bit seed")
-        integer("num_samples", self.num_samples, least=1)
-        integer("top_words", self.top_words, least=1)
-        flag("use_cache", self.use_cache)
-        flag("inspect", self.inspect)
-        one_of("prefer", self.prefer, ("best", "last"))
         if self.prompt and self.prompt_file:
-            raise ValueError("give either prompt= or prompt_file=, not both")
-        check_threads_setting("threads", self.threads)
+            raise ConfigError("give either prompt= or prompt_file=, not both")
 
 
 def _read_prompt(cfg: GenerateConfig) -> str:
@@ -110,9 +97,7 @@ def _read_prompt(cfg: GenerateConfig) -> str:
         shown = f"{path} ({kind})" if kind else str(path)
         data = bytearray()
         while True:
-            refuse_unless_held("prompt_file", shown, max(len(data), status.st_size),
-                               lambda n: n * PROMPT_BYTES, "reading and tokenizing a prompt "
-                               f"holds about {PROMPT_BYTES} bytes per byte of it", unit="bytes")
+            refuse_prompt_file(shown, max(len(data), status.st_size))
             if kind and os.name == "posix" and not select.select([fd], [], [], PROMPT_WAIT_S)[0]:
                 raise ValueError(f"prompt_file={shown} sent nothing for {PROMPT_WAIT_S} s; give "
                                  "a file, or a pipe that a program writes the prompt to and "
@@ -134,50 +119,28 @@ def _read_prompt(cfg: GenerateConfig) -> str:
     return text.replace("\r\n", "\n").replace("\r", "\n")  # newlines as read_text gives them
 
 
-def _refuse_what_cannot_be_held(cfg: GenerateConfig, c: ModelConfig, n_prompt: int) -> None:
-    """Refuse max_new_tokens or num_samples before any work when the samples, and with
-    inspect=true one text's inspection, cannot be held in memory."""
-    fixed = 2 * c.n_layer * c.block_size * c.n_embd * 4  # the KV cache: float32 keys and values
-    each = TOKEN_BYTES + (TEXT_TOKEN_BYTES if cfg.inspect else 0)
-    if cfg.inspect:
-        fixed += ATTENTION_BYTES * c.n_layer * c.n_head * c.block_size ** 2
-    rule = f"each token of a sample holds about {each} bytes" + (
-        " (with inspect=true, its attention reading)" if cfg.inspect else "")
-    refuse_unless_held("max_new_tokens", cfg.max_new_tokens, cfg.max_new_tokens,
-                       lambda n: fixed + (n_prompt + 1 + n) * each, rule)
-    tokens = n_prompt + cfg.max_new_tokens + 1
-    refuse_unless_held("num_samples", cfg.num_samples, cfg.num_samples,
-                       lambda n: fixed + tokens * each + (n - 1) * tokens * TOKEN_BYTES,
-                       f"each sample of {n_prompt} + max_new_tokens={cfg.max_new_tokens} tokens "
-                       f"holds about {tokens * TOKEN_BYTES:,} bytes")
-
-
 def run_generate(cfg: GenerateConfig, out=None) -> list[str]:
     """Load the checkpoint, stream num_samples continuations to `out`, optionally inspect them.
 
     Returns the generated texts (without the prompt). Notes on loading and speed go to stderr; the
     text, and with inspect=true the inspection's summary and where it went, to `out` (stdout).
     """
-    cpu_sample = start_sample()
     out = out or sys.stdout
-    if not cfg.checkpoint:
-        raise ValueError("checkpoint= is required: a run directory or a checkpoint directory")
-    device = resolve_device(cfg.device)
-    ckpt = load_checkpoint(cfg.checkpoint, device=device, prefer=cfg.prefer)
-    threads = apply_threads(cfg.threads, cpu_sample)
+    loaded = load_for_command(cfg.checkpoint, cfg.device, cfg.prefer, cfg.threads)
+    ckpt, device = loaded.checkpoint, loaded.device
     model, tokenizer = ckpt.model, ckpt.tokenizer
     block_size = model.config.block_size
     prompt = _read_prompt(cfg) or ""  # prompt=null reads as empty
     prompt_ids, dropped = encode_prompt(tokenizer, prompt, block_size)
-    _refuse_what_cannot_be_held(cfg, model.config, len(prompt_ids))
+    refuse_samples(model.config, len(prompt_ids), cfg.max_new_tokens, cfg.num_samples,
+                   cfg.inspect)
     if dropped:
         # the text the model actually reads, so the streamed output lines up with it
         prompt = tokenizer.decode(prompt_ids)
         print(f"note: the prompt has {len(prompt_ids) + dropped} tokens, more than "
               f"block_size={block_size}; keeping its last {block_size} tokens", file=sys.stderr)
-    print(f"loaded {ckpt.directory} ({model.num_params() / 1e6:.2f}M parameters, "
-          f"block_size={block_size}) on {device}"
-          f"{threads.suffix_on(device)}", file=sys.stderr)
+    print(loaded.line(f"{model.num_params() / 1e6:.2f}M parameters, block_size={block_size}"),
+          file=sys.stderr)
 
     generator = torch.Generator(device=device).manual_seed(cfg.seed)
     idx = torch.tensor([prompt_ids], dtype=torch.long, device=device)

@@ -4,9 +4,9 @@
     tinylm-probe checkpoint=<run dir> probe_file=data/probes/agreement.jsonl ablate=true
     (options: conf/probe.yaml; the scores and the file format: tinylm/inspection/)
 
-Output: a console summary; a JSON report (`out`, default <logdir>/probe.json) with the fields of
-tinylm.inspection.probe.probe's report, plus `checkpoint`, `probe_files` and `logdir`; layer x
-head heatmaps in TensorBoard (`logdir`, default <run dir>/probe/<timestamp>), also saved as PNG.
+Output: a console summary; a JSON report (`out`, default <logdir>/probe.json): probe()'s
+report plus `checkpoint`, `probe_files` and `logdir`; layer x head heatmaps in TensorBoard
+(`logdir`, default <run dir>/probe/<timestamp>) and as PNG, and the attention tab's accuracy grid.
 Nothing is written until everything is computed; then every file arrives whole, or (a full disk)
 none does.
 """
@@ -20,14 +20,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tinylm.checkpoint import default_logdir, load_checkpoint
+from tinylm.checkpoint import default_logdir
 from tinylm.cli import command
-from tinylm.config import flag, integer, one_of
-from tinylm.device import resolve_device
+from tinylm.cli.loading import load_for_command
+from tinylm.cli.sizes import refuse_batch
+from tinylm.config import ConfigError, at_least, check, choice
 from tinylm.files import published_atomically, write_json_atomic
-from tinylm.inspection.probe import format_report, probe, probe_files, write_probe_figures
+from tinylm.inspection.probe import probe, probe_files
 from tinylm.inspection.probe_items import load_probe_file
-from tinylm.train.threads import apply_threads, check_threads_setting, start_sample
+from tinylm.inspection.probe_report import format_report, write_probe_figures
+from tinylm.train.threads import check_threads_setting
 
 
 @dataclass
@@ -51,36 +53,29 @@ class ProbeConfig:
             self.probe_file = [self.probe_file]
         if self.probe_file is not None and (not self.probe_file or not all(
                 isinstance(p, str) for p in self.probe_file)):
-            raise ValueError(f"probe_file={self.probe_file!r} is not allowed: give a JSONL path, "
-                             "a list of them, or null for the shipped probe sets")
-        for key in ("top_heads", "batch_size"):
-            integer(key, getattr(self, key), least=1)
-        flag("ablate", self.ablate)
-        one_of("prefer", self.prefer, ("best", "last"))
-        check_threads_setting("threads", self.threads)
+            raise ConfigError(f"probe_file={self.probe_file!r} is not allowed: give a JSONL "
+                              "path, a list of them, or null for the shipped probe sets")
+        check(self, top_heads=at_least(1), batch_size=at_least(1), prefer=choice("best", "last"),
+              threads=check_threads_setting)
 
 
 def run_probe(cfg: ProbeConfig, out=None) -> dict:
     """Load checkpoint and probe files, score, print the summary, write JSON and TensorBoard."""
-    cpu_sample = start_sample()
     out = out or sys.stdout
-    if not cfg.checkpoint:
-        raise ValueError("checkpoint= is required: a run directory or a checkpoint directory")
     if cfg.out and Path(cfg.out).is_dir():  # refused before the work, not when writing it
         raise ValueError(f"out={cfg.out} is a directory; name the report file, e.g. "
                          f"out={Path(cfg.out) / 'probe.json'}")
     files = probe_files(cfg.probe_file)
     items = [item for path in files for item in load_probe_file(path)]
-    device = resolve_device(cfg.device)
-    ckpt = load_checkpoint(cfg.checkpoint, device=device, prefer=cfg.prefer)
+    loaded = load_for_command(cfg.checkpoint, cfg.device, cfg.prefer, cfg.threads)
+    ckpt = loaded.checkpoint
     model, c = ckpt.model, ckpt.config
-    threads = apply_threads(cfg.threads, cpu_sample)
-    print(f"loaded {ckpt.directory} ({c.n_layer} layers x {c.n_head} heads) on {device}"
-          f"{threads.suffix_on(device)}; "
-          f"{len(items)} probe items from {', '.join(map(str, files))}", file=sys.stderr)
+    print(loaded.line(f"{c.n_layer} layers x {c.n_head} heads")
+          + f"; {len(items)} probe items from {', '.join(map(str, files))}", file=sys.stderr)
 
     start = time.perf_counter()
-    report = probe(model, ckpt.tokenizer, items, cfg.ablate, cfg.batch_size)
+    report = probe(model, ckpt.tokenizer, items, cfg.ablate, cfg.batch_size,
+                   before_work=lambda passes: refuse_batch(c, cfg.batch_size, passes))
     seconds = time.perf_counter() - start
     if cfg.ablate and report["ablation"] is None:
         print("note: ablate=true needs agreement items (with wrong_pronoun), e.g. "
@@ -91,7 +86,6 @@ def run_probe(cfg: ProbeConfig, out=None) -> dict:
     report = {"checkpoint": str(ckpt.directory), "probe_files": [str(p) for p in files],
               "logdir": str(logdir), **report}
     console = format_report(report, c.n_layer, c.n_head, cfg.top_heads)
-    # everything is computed; only now is anything written, and all of it arrives at the end
     with published_atomically(logdir) as folder:
         write_probe_figures(report, folder, c.n_layer, c.n_head, console)
         if cfg.out:

@@ -29,11 +29,6 @@ NAMES = frozenset((
     "Emma Molly Billy Jill Zoe Leo Mike Lisa Spot Rex Kitty").split())
 WORD_RE = re.compile(r"\w+(?:['’]\w+)*")  # letters/digits, keeping "Tom's" and "don't" whole
 SENTENCE_START = re.compile(r"[.!?:\n\"“”]")  # a gap containing these starts a new sentence
-# What inspecting one text holds, counted before it starts: per layer, head, query and key of the
-# window, the weights as float32 twice (the model's, the capture's) and as float64 four times
-# (the word-level readings): 40 bytes, counted 48. Per token of the whole text, its id,
-# character span, word and characters: about 310 bytes measured, counted 512.
-ATTENTION_BYTES, TEXT_TOKEN_BYTES = 48, 512
 
 
 @dataclass
@@ -82,7 +77,7 @@ def token_word_index(offsets: Sequence[tuple[int, int]],
         char_word[start:end] = i
     result = []
     for start, end in offsets:
-        covered = char_word[start:max(end, start)]
+        covered = char_word[start:end]
         hits = covered[covered >= 0]
         result.append(int(hits[0]) if hits.size else -1)
     return result
@@ -93,10 +88,7 @@ def key_words(weights: np.ndarray | torch.Tensor, token_words: Sequence[int],
     """Token attention (..., Q, T) -> attention to words (..., Q, n_words): column j sums the
     weights on word j's tokens; tokens outside every word (-1) are left out."""
     weights = np.asarray(weights, dtype=np.float64)
-    t = weights.shape[-1]
-    if len(token_words) != t:
-        raise ValueError(f"token_words has {len(token_words)} entries for {t} tokens")
-    to_word = np.zeros((t, n_words))  # (T, W): one-hot token -> word
+    to_word = np.zeros((len(token_words), n_words))  # (T, W): one-hot token -> word
     for token, word in enumerate(token_words):
         if word >= 0:
             to_word[token, word] = 1.0
@@ -131,27 +123,18 @@ def is_name(text: str, word_spans: Sequence[tuple[int, int]], i: int) -> bool:
     return gap is not None and not SENTENCE_START.search(gap)
 
 
-def token_window(tokenizer, text: str, block_size: int, keep: str = "first"
-                 ) -> tuple[list[int], list[tuple[int, int]], int, int]:
-    """(ids, character offsets, start, n): the block_size tokens of `text` one forward pass
-    reads, its first (keep="first") or last ("last") ones, from token `start` of all `n`."""
-    if keep not in ("first", "last"):
-        raise ValueError(f"keep={keep!r} is not allowed; allowed: first, last")
-    ids, offsets = tokenizer.encode_with_offsets(text)
-    if not ids:
-        raise ValueError("cannot inspect an empty text")
-    n = len(ids)
-    start = max(0, n - block_size) if keep == "last" else 0
-    return (list(ids[start:start + block_size]),
-            [tuple(o) for o in offsets[start:start + block_size]], start, n)
-
-
 @torch.inference_mode()
 def capture_attention(model, tokenizer, text: str, keep: str = "first") -> AttentionCapture:
     """One forward pass over `text` with every layer's attention weights kept; a longer text than
     block_size is cut to its first or last block_size tokens (`keep`; after generation "first" is
     the attention the model wrote them with)."""
-    ids, offsets, start, n = token_window(tokenizer, text, model.config.block_size, keep)
+    ids, offsets = tokenizer.encode_with_offsets(text)
+    if not ids:
+        raise ValueError("cannot inspect an empty text")
+    n = len(ids)
+    start = max(0, n - model.config.block_size) if keep == "last" else 0
+    window = slice(start, start + model.config.block_size)
+    ids, offsets = list(ids[window]), [tuple(o) for o in offsets[window]]
     device = next(model.parameters()).device
     out = model(torch.tensor([ids], dtype=torch.long, device=device), return_attention=True)
     weights = torch.stack([a[0] for a in out.attentions]).float().cpu().numpy()  # (L, nh, T, T)

@@ -1,9 +1,10 @@
 """Matplotlib figures of attention, for TensorBoard and PNG files; built on the Agg canvas with
 matplotlib's object API (no pyplot, no display, no global state).
 
-    fig = attention_grid_figure(weights, tokens, "layer 0")   # weights (n_head, T, T)
+    grids = AttentionGridImages(tokens)             # one layout for every layer of a text
+    image = grids(weights[0], "layer 0")            # weights (n_layer, n_head, T, T)
     with published_atomically(logdir) as folder, event_writer(folder) as writer:
-        log_figure(writer, "attention/layer_00/all_heads", fig, png_dir=folder)  # + a PNG file
+        log_image(writer, "attention/layer_00/all_heads", image, png_dir=folder)  # + a PNG file
 
 In every attention heatmap rows are queries (the token looking), columns keys (the tokens looked
 at), the causal upper triangle is blank, and the colour scale is the square root of the weight,
@@ -12,9 +13,10 @@ so that small weights spread over many tokens stay visible next to one large one
 
 from __future__ import annotations
 
+import io
 import math
 import threading
-from collections.abc import Collection, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -23,8 +25,8 @@ from matplotlib import colormaps
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.colors import PowerNorm
 from matplotlib.figure import Figure
-from matplotlib.image import imsave
 from matplotlib.text import Text
+from PIL import Image
 
 from tinylm.files import replaced_atomically
 
@@ -52,8 +54,8 @@ def _causal_masked(weights: np.ndarray) -> np.ma.MaskedArray:
 
 
 def _heatmap(ax, weights: np.ndarray, tokens: Sequence[str], max_labels: int, fontsize: float,
-             highlight: Sequence[int] = ()):
-    """Draw one (T, T) attention map with token labels on both axes; returns the image.
+             highlight: Sequence[int], label_x: bool, label_y: bool):
+    """Draw one (T, T) attention map, with token labels on the axes asked for; returns the image.
     Tokens in `highlight` (positions) are always labelled, in red."""
     t = weights.shape[-1]
     image = ax.imshow(_causal_masked(weights), cmap=ATTENTION_CMAP,
@@ -67,12 +69,15 @@ def _heatmap(ax, weights: np.ndarray, tokens: Sequence[str], max_labels: int, fo
                if all(abs(i - m) >= step for m in marked)}
     ticks = sorted(regular | marked)
     labels = [_label(tokens[i]) for i in ticks]
-    ax.set_xticks(ticks, labels, rotation=90, fontsize=fontsize)
-    ax.set_yticks(ticks, labels, fontsize=fontsize)
-    for axis_labels in (ax.get_xticklabels(), ax.get_yticklabels()):
-        for i, text in zip(ticks, axis_labels, strict=True):
+    for axis, labelled in ((ax.xaxis, label_x), (ax.yaxis, label_y)):
+        if not labelled:
+            axis.set_ticks([])
+            continue
+        axis.set_ticks(ticks, labels, fontsize=fontsize)
+        for i, text in zip(ticks, axis.get_ticklabels(), strict=True):
             if i in marked:
                 text.set_color("#d62728")
+    ax.tick_params(axis="x", labelrotation=90)
     ax.tick_params(length=2, pad=1)
     return image
 
@@ -84,29 +89,26 @@ def attention_grid_figure(weights: np.ndarray, tokens: Sequence[str], title: str
     return _attention_grid(weights, tokens, title, max_labels, highlight)[0]
 
 
-def _checked(weights: np.ndarray, tokens: Sequence[str], ndim: int) -> np.ndarray:
-    """weights as float32 (n_head, T, T) (ndim 3) or (T, T) for T tokens; else a ValueError."""
+def _checked(weights: np.ndarray, tokens: Sequence[str]) -> np.ndarray:
+    """weights as float32 (n_head, T, T) for T tokens; else a ValueError."""
     weights = np.asarray(weights, dtype=np.float32)
-    if weights.ndim != ndim or weights.shape[-1] != len(tokens):
-        raise ValueError(f"weights must be {'(n_head, T, T)' if ndim == 3 else '(T, T)'} with "
-                         f"T={len(tokens)} tokens, got shape {weights.shape}")
+    if weights.ndim != 3 or weights.shape[-1] != len(tokens):
+        raise ValueError(f"weights must be (n_head, T, T) with T={len(tokens)} tokens, got "
+                         f"shape {weights.shape}")
     return weights
 
 
-def _labels_note(n_tokens: int, max_labels: int) -> str:
-    """What a heatmap's title says of its labels: "40 tokens, 1 in 2 labelled"."""
-    step = label_step(n_tokens, max_labels)
-    return f"{n_tokens} tokens" + (f", 1 in {step} labelled" if step > 1 else "")
-
-
 def _grid_title(title: str, n_tokens: int, max_labels: int) -> str:
-    return f"{title}  ({_labels_note(n_tokens, max_labels)}; rows: query, columns: key)".strip()
+    """A grid's title: "layer 0  (40 tokens, 1 in 2 labelled; rows: query, columns: key)"."""
+    step = label_step(n_tokens, max_labels)
+    labels = f"{n_tokens} tokens" + (f", 1 in {step} labelled" if step > 1 else "")
+    return f"{title}  ({labels}; rows: query, columns: key)".strip()
 
 
 def _attention_grid(weights: np.ndarray, tokens: Sequence[str], title: str, max_labels: int,
                     highlight: Sequence[int]) -> tuple[Figure, list, Text]:
     """attention_grid_figure's figure, with the axes of the heads and the figure's title."""
-    weights = _checked(weights, tokens, 3)
+    weights = _checked(weights, tokens)
     n_head, t = weights.shape[0], weights.shape[-1]
     ncols = math.ceil(math.sqrt(n_head))
     nrows = math.ceil(n_head / ncols)
@@ -121,7 +123,10 @@ def _attention_grid(weights: np.ndarray, tokens: Sequence[str], title: str, max_
         if h >= n_head:
             ax.set_axis_off()
             continue
-        image = _heatmap(ax, weights[h], tokens, max_labels, fontsize, highlight)
+        # the heads share their tokens: labels on the outer panels only (laying out and drawing
+        # labels is most of a figure's cost)
+        image = _heatmap(ax, weights[h], tokens, max_labels, fontsize, highlight,
+                         label_x=h + ncols >= n_head, label_y=h % ncols == 0)
         ax.set_title(f"head {h}", fontsize=10)
     suptitle = fig.suptitle(_grid_title(title, t, max_labels), fontsize=11)
     fig.colorbar(image, ax=axes, shrink=0.6, label="attention weight")
@@ -143,7 +148,7 @@ class AttentionGridImages:
         self._fig: Figure | None = None  # built at the first call, from its weights' shape
 
     def __call__(self, weights: np.ndarray, title: str = "") -> np.ndarray:
-        weights = _checked(weights, self.tokens, 3)
+        weights = _checked(weights, self.tokens)
         if self._fig is None:
             self._lay_out(weights, title)
         if weights.shape[0] != len(self._heads):
@@ -174,60 +179,6 @@ class AttentionGridImages:
         for artist in changing:
             artist.set_visible(True)
         self._fig = fig
-
-
-def attention_head_figure(weights: np.ndarray, tokens: Sequence[str], title: str = "",
-                          max_labels: int = 64, highlight: Sequence[int] = ()) -> Figure:
-    """One head's weights (T, T) as a large heatmap labelled with the token strings."""
-    weights = _checked(weights, tokens, 2)
-    t = weights.shape[-1]
-    size = min(14.0, max(5.0, 0.16 * min(t, max_labels * 1.2)))
-    fig = Figure(figsize=(size + 1.2, size), layout="constrained")
-    FigureCanvasAgg(fig)
-    ax = fig.subplots()
-    image = _heatmap(ax, weights, tokens, max_labels, 8 if t > 24 else 10, highlight)
-    ax.set_xlabel("key: the token looked at")
-    ax.set_ylabel("query: the token looking")
-    ax.set_title(f"{title}  ({_labels_note(t, max_labels)})".strip())
-    fig.colorbar(image, ax=ax, shrink=0.7, label="attention weight")
-    return fig
-
-
-def pronoun_bar_figure(panels: dict[str, Sequence[Sequence[Sequence[tuple[str, float]]]]],
-                       title: str = "", names: Collection[str] = ()) -> Figure:
-    """Bar charts for one pronoun, a panel per query position: panels[label][layer][head] =
-    [(word, weight), ...], best first; a group of bars per head (layer 0 head 0 on top), `names`
-    drawn orange."""
-    panels = {label: [(layer, head, words) for layer, row in enumerate(top_words)
-                      for head, words in enumerate(row)] for label, top_words in panels.items()}
-    if not panels or not all(panels.values()):
-        raise ValueError("every panel must hold at least one layer with one head")
-    n_heads = max(len(heads) for heads in panels.values())
-    k = max(len(words) for heads in panels.values() for _, _, words in heads) or 1
-    fig = Figure(figsize=(5.5 * len(panels) + 1.0, 0.16 * (k + 1) * n_heads + 1.2),
-                 layout="constrained")
-    FigureCanvasAgg(fig)
-    for ax, (label, heads) in zip(fig.subplots(1, len(panels), squeeze=False)[0], panels.items(),
-                                  strict=True):
-        group_centres = []
-        for g, (_, _, words) in enumerate(heads):
-            ys = [g * (k + 1) + r for r in range(len(words))]  # a blank row between heads
-            values = [float(v) for _, v in words]
-            ax.barh(ys, values, height=0.85,
-                    color=["#e07b18" if w in names else "#3b75af" for w, _ in words])
-            for y, (word, value) in zip(ys, words, strict=True):
-                ax.text(float(value) + 0.01, y, f"{_label(word)}  {value:.2f}", va="center",
-                        fontsize=7)
-            group_centres.append(g * (k + 1) + (k - 1) / 2)
-        ax.set_yticks(group_centres, [f"layer {layer} head {head}" for layer, head, _ in heads],
-                      fontsize=8)
-        ax.set_ylim(len(heads) * (k + 1) - 1, -1)  # first head on top
-        ax.set_xlim(0.0, 1.15)
-        ax.set_xlabel("attention weight (summed over each word's tokens)")
-        ax.set_title(_label(label), fontsize=9)
-    fig.suptitle(f"{title}: the earlier words each head looks at most"
-                 + (" (orange: a name)" if names else ""), fontsize=10)
-    return fig
 
 
 def layer_head_heatmap(values: np.ndarray, title: str = "", label: str = "",
@@ -316,16 +267,29 @@ def save_figure(fig: Figure, path: str | Path) -> Path:
 
 def log_figure(writer, tag: str, fig: Figure, step: int = 0,
                png_dir: str | Path | None = None) -> np.ndarray:
-    """Render `fig` once; add it to a SummaryWriter as image `tag`, and as png_dir/<tag>.png
-    (the same pixels: drawing a figure twice would double the cost). png_dir is a folder that
-    published_atomically moves into place whole, as the writer's."""
+    """Render `fig` once and log_image it; returns the image (H, W, 3)."""
     image = figure_to_image(fig)
-    writer.add_image(tag, image, step, dataformats="HWC")
-    if png_dir is not None:
-        png = Path(png_dir) / f"{tag}.png"
-        png.parent.mkdir(parents=True, exist_ok=True)
-        imsave(png, image, format="png")
+    log_image(writer, tag, image, step, png_dir)
     return image
+
+
+def log_image(writer, tag: str, image: np.ndarray, step: int = 0,
+              png_dir: str | Path | None = None) -> None:
+    """Add an RGB uint8 image (H, W, 3) to a SummaryWriter as image `tag`, and as
+    png_dir/<tag>.png: one PNG encoding serves both. png_dir is a folder that
+    published_atomically moves into place whole, as the writer's."""
+    from tensorboard.compat.proto.summary_pb2 import Summary  # TensorBoard only where it writes
+
+    png = io.BytesIO()
+    Image.fromarray(image).save(png, format="PNG")
+    height, width, channels = image.shape
+    picture = Summary.Image(height=height, width=width, colorspace=channels,
+                            encoded_image_string=png.getvalue())
+    writer.file_writer.add_summary(Summary(value=[Summary.Value(tag=tag, image=picture)]), step)
+    if png_dir is not None:
+        path = Path(png_dir) / f"{tag}.png"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(png.getvalue())
 
 
 @contextmanager

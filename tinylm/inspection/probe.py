@@ -2,37 +2,33 @@
 antecedent (attention items), whether the model prefers a name's pronoun to the wrong one as whole
 words (agreement items), which heads that needs (ablation through head_mask), and each head's
 attention at the deciding position, the token before the pronoun where a causal model chooses it.
+The report is shown (console tables, heatmaps) by probe_report.py.
 
     report = probe(model, tokenizer, items, ablate=True)    # a JSON-ready dict
-    print("\n".join(format_report(report, n_layer, n_head)))
 """
 
 from __future__ import annotations
 
 import itertools
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from tinylm.generate import refuse_unless_held
 from tinylm.inspection.capture import deciding_token, key_words, word_level
 from tinylm.inspection.probe_items import (
     SHIPPED_PROBES,
     EncodedAgreementItem,
     EncodedAttentionItem,
-    ProbeFileError,
     ProbeItem,
     encode_agreement_item,
     encode_attention_item,
-    load_probe_file,
     match_case,
     new_word_tokens,
     shipped_probe,
 )
-from tinylm.model import ModelConfig
-from tinylm.tables import columns
 
 ABLATION = "zeroed"  # how a head is removed: its output is multiplied by 0
 # The other gender in the same case. "her" is object or possessive (him or his), so it has none.
@@ -255,25 +251,15 @@ def deciding_report(model, enc_names: list[EncodedAttentionItem],
     return result
 
 
-def refuse_batch_beyond_memory(c: ModelConfig, batch_size: int, passes: list[list[list[int]]]
-                               ) -> None:
-    """Refuse batch_size before any model work when a forward pass over a batch of the longest
-    sequences of `passes` (each pass's sequences, as ids) cannot be held: per token its logits
-    (float32) and activations (about 16 numbers of width n_embd), and per pair of tokens every
-    head's attention, kept twice (the model's, stacked)."""
-    longest = max((len(s) for sequences in passes for s in sequences), default=0)
-    each = 4 * longest * (c.vocab_size + 16 * c.n_embd + 2 * c.n_layer * c.n_head * longest)
-    largest_pass = max(len(sequences) for sequences in passes)
-    refuse_unless_held("batch_size", batch_size, batch_size,
-                       lambda n: min(n, largest_pass) * each,
-                       f"a forward pass holds about {each:,} bytes per sequence of up to "
-                       f"{longest} tokens (its logits and every head's attention)")
-
-
-def probe(model, tokenizer, items: list[ProbeItem], ablate: bool = False, batch_size: int = 64
-          ) -> dict:
+def probe(model, tokenizer, items: list[ProbeItem], ablate: bool = False, batch_size: int = 64,
+          before_work: Callable[[list[list[list[int]]]], None] | None = None) -> dict:
     """Score every head on the attention items, measure agreement (and ablations), and read every
-    head at the deciding position; the report."""
+    head at the deciding position; the report.
+
+    `before_work(passes)` sees, once every item is tokenized and before any model work, the
+    sequences (as ids) of each kind of forward pass: the command refuses a batch_size there that
+    cannot be held.
+    """
     c = model.config
     attention = [i for i in items if i.kind == "attention"]
     agreement = [i for i in items if i.kind == "agreement"]
@@ -287,10 +273,10 @@ def probe(model, tokenizer, items: list[ProbeItem], ablate: bool = False, batch_
     enc_names = [encode_attention_item(tokenizer, i, c.block_size) for i in agreement]
     enc_preference = [encode_agreement_item(tokenizer, attention[k], c.block_size, wrong[k])
                       for k in scored]
-    refuse_batch_beyond_memory(c, batch_size, [
-        [e.ids for e in enc_attention], [e.ids for e in enc_names],
-        [s for e in enc_agreement for s in (e.written, e.wrong)],
-        [s for e in enc_preference for s in (e.written, e.wrong)]])
+    if before_work is not None:
+        before_work([[e.ids for e in enc_attention], [e.ids for e in enc_names],
+                     [s for e in enc_agreement for s in (e.written, e.wrong)],
+                     [s for e in enc_preference for s in (e.written, e.wrong)]])
 
     report: dict = {"n": len(attention), "heads": [], "best": None, "baselines": None,
                     "agreement": None, "ablation": None, "deciding": None, "evidence": None,
@@ -327,182 +313,3 @@ def probe(model, tokenizer, items: list[ProbeItem], ablate: bool = False, batch_
     if names and report["ablation"]:
         report["evidence"] = evidence(names, report["ablation"])
     return report
-
-
-def shipped_name_items(tokenizer, block_size: int) -> list[EncodedAttentionItem]:
-    """The shipped agreement items as tokens, for deciding_name_attention; an item this tokenizer
-    or context cannot read is left out (training goes on without it)."""
-    encoded = []
-    for item in load_probe_file(shipped_probe("agreement.jsonl")):
-        try:
-            encoded.append(encode_attention_item(tokenizer, item, block_size))
-        except ProbeFileError:
-            continue
-    return encoded
-
-
-def deciding_name_attention(model, encoded: list[EncodedAttentionItem], batch_size: int = 128
-                            ) -> np.ndarray:
-    """(L, nh): each head's mean attention from the token before the pronoun to the name."""
-    to_name, _ = mention_attention(model, encoded, batch_size, "deciding")
-    return to_name.mean(axis=0)
-
-
-def _grid(entries: list[dict], key: str, n_layer: int, n_head: int) -> np.ndarray:
-    """(n_layer, n_head): each entry's `key` at its layer and head; NaN where it has none."""
-    grid = np.full((n_layer, n_head), np.nan)
-    for e in entries:
-        grid[e["layer"], e["head"]] = np.nan if e[key] is None else e[key]
-    return grid
-
-
-def layer_head_lines(cells: dict[tuple[int, int], str], n_layer: int, n_head: int,
-                     mark: tuple[int, int] | None = None) -> list[str]:
-    """A layer x head table of preformatted cells; `mark` gets a * after its cell."""
-    width = max(8, *(len(c) + 1 for c in cells.values()))
-    lines = [("         " + "".join(f"  {f'head {h}':<{width}}" for h in range(n_head))).rstrip()]
-    for layer in range(n_layer):
-        row = "".join(f"  {cells[layer, h] + ('*' if (layer, h) == mark else ''):<{width}}"
-                      for h in range(n_head))
-        lines.append(f"layer {layer:<3d}{row}".rstrip())
-    return lines
-
-
-def _number(value: float | None, fmt: str) -> str:
-    return "n/a" if value is None else format(value, fmt)
-
-
-def format_deciding(report: dict, n_layer: int, n_head: int, top_heads: int = 5) -> list[str]:
-    """Console lines of the deciding position: the evidence table (with ablation), attention to
-    the name per head (all items / name first word / name later), the prediction match."""
-    d, lines = report["deciding"], []
-    if report["evidence"]:
-        rows = report["evidence"]
-        most_attention = sorted(rows, key=lambda r: -r["mean_attention"])[:top_heads]
-        most_loss = sorted(rows, key=lambda r: r["delta_mean_margin"])[:top_heads]
-        shown = [r for r in rows if r in most_attention or r in most_loss]
-        shown.sort(key=lambda r: -r["mean_attention"])
-        lines += [f"evidence: each head's attention from the token before the pronoun to the "
-                  f"name, beside the margin it costs when {report['ablation'][0]['method']} "
-                  f"({d['n_agreement']} agreement items);",
-                  f"the {top_heads} heads with most attention and the {top_heads} with the "
-                  f"largest loss; agrees = attention at least {OVER_MEDIAN:g}x the median head's "
-                  f"and a loss of at least {MIN_MARGIN_LOSS:g} nats"]
-        lines += columns(["layer", "head", "attention to name", "Δ mean margin", "agrees"],
-                         [[str(r["layer"]), str(r["head"]), f"{r['mean_attention']:.2f}",
-                           f"{r['delta_mean_margin']:+.3f}", "yes" if r["agrees"] else "no"]
-                          for r in shown], ">>>><", gaps=(2, 3, 3, 3), indent="  ")
-    if d["agreement_attention"]:
-        best = report["best_deciding"]
-        by_head = {(e["layer"], e["head"]): e for e in d["agreement_attention"]}
-        n_first = d["n_name_first_word"]
-        lines += [f"deciding: attention from the token before the pronoun (where the model "
-                  f"chooses it) to the name, {d['n_agreement']} agreement items;",
-                  f"all items (name first word: {n_first} items / name later: "
-                  f"{d['n_agreement'] - n_first} items), * = most"]
-        lines += layer_head_lines(
-            {k: f"{e['mean_attention']:.2f} ({_number(e['mean_attention_name_first_word'], '.2f')}"
-                f"/{_number(e['mean_attention_name_later'], '.2f')})" for k, e in by_head.items()},
-            n_layer, n_head, (best["layer"], best["head"]))
-        lines.append(f"best deciding head: layer {best['layer']} head {best['head']}, attention "
-                     f"to the name {best['mean_attention']:.2f}")
-    if d["prediction_match"]:
-        lines += [f"prediction match: {d['n_attention']} two-character items; share on which the "
-                  "head's attention at the deciding position prefers the character",
-                  "whose pronoun the model prefers (sign of attention to antecedent - "
-                  "distractor vs log P(written) - log P(wrong)), with Pearson's r"]
-        lines += layer_head_lines(
-            {(e["layer"], e["head"]): f"{e['match']:.2f} r={_number(e['correlation'], '+.2f')}"
-             for e in d["prediction_match"]}, n_layer, n_head)
-    if d["n_attention_left_out"]:
-        lines.append(f"prediction match: {d['n_attention_left_out']} two-character items left "
-                     "out: no wrong pronoun (\"her\" is object or possessive, so it has no "
-                     "derived one; give wrong_pronoun to score them)")
-    return lines
-
-
-def format_report(report: dict, n_layer: int, n_head: int, top_heads: int = 5) -> list[str]:
-    """The console summary: the deciding position first (evidence table, attention to the name,
-    prediction match), then the resolving head accuracy table, baselines, agreement, ablation."""
-    lines = format_deciding(report, n_layer, n_head, top_heads) if report["deciding"] else []
-    if report["heads"]:
-        best = report["best"]
-        lines += [f"resolving: {report['n']} two-character items; accuracy = share of items on "
-                  "which the head's attention",
-                  "from the pronoun goes more to the antecedent than to the distractor (* = best)"]
-        lines += layer_head_lines({(e["layer"], e["head"]): f"{e['accuracy']:.2f}"
-                                   for e in report["heads"]},
-                                  n_layer, n_head, (best["layer"], best["head"]))
-        b = report["baselines"]
-        lines.append(f"best head: layer {best['layer']} head {best['head']}, accuracy "
-                     f"{best['accuracy']:.2f}; baselines: nearest mention "
-                     f"{b['nearest mention']:.2f}, first mention {b['first mention']:.2f}")
-    else:
-        lines.append("attention: no two-character items (with distractor_chars) in the probe set")
-    agreement = report["agreement"]
-    if agreement:
-        lines.append(f"agreement: {agreement['n']} one-character items, accuracy "
-                     f"{agreement['accuracy']:.2f} (share with log P(pronoun) > log P(wrong "
-                     f"pronoun)), mean margin {agreement['mean_margin']:+.3f} nats")
-    else:
-        lines.append("agreement: no one-character items (with wrong_pronoun) in the probe set")
-    if report["ablation"]:
-        ranked = sorted(report["ablation"], key=lambda e: -abs(e["delta_mean_margin"]))
-        lines.append(f"ablation: each head {ABLATION} in turn, over the {agreement['n']} "
-                     f"agreement items; the {min(top_heads, len(ranked))} heads that move the "
-                     "mean margin most")
-        lines += columns(
-            ["layer", "head", "Δ mean margin", "Δ accuracy", "mean margin", "accuracy"],
-            [[str(e["layer"]), str(e["head"]), f"{e['delta_mean_margin']:+.3f}",
-              f"{e['delta_accuracy']:+.2f}", f"{e['mean_margin']:+.3f}", f"{e['accuracy']:.2f}"]
-             for e in ranked[:top_heads]], ">>>>>>", gaps=(2, 3, 3, 3, 3), indent="  ")
-    return lines
-
-
-def write_probe_figures(report: dict, folder: str | Path, n_layer: int, n_head: int,
-                        console: list[str]) -> list[str]:
-    """Layer x head heatmaps to TensorBoard (and as <folder>/<tag>.png) and the console report as
-    text, into `folder` (published_atomically's: the caller moves them into place); returns the
-    image tags."""
-    # matplotlib and TensorBoard load only once a report is computed: --help, a bad option or a
-    # bad probe line answer without waiting for them
-    from tinylm.inspection.figures import event_writer, layer_head_heatmap, log_figure
-
-    def heatmap(entries: list[dict], key: str, title: str, label: str, **kwargs):
-        return layer_head_heatmap(_grid(entries, key, n_layer, n_head), title, label, **kwargs)
-
-    figures = {}  # TensorBoard tag -> figure
-    if report["heads"]:
-        figures["probe/attention_accuracy"] = heatmap(
-            report["heads"], "accuracy", f"pronoun -> antecedent accuracy ({report['n']} items)",
-            "accuracy")
-    d = report["deciding"]
-    if d and d["agreement_attention"]:
-        n_first = d["n_name_first_word"]
-        for key, items in (("mean_attention", f"{d['n_agreement']} items"),
-                           ("mean_attention_name_first_word",
-                            f"{n_first} items with the name first"),
-                           ("mean_attention_name_later",
-                            f"{d['n_agreement'] - n_first} items with the name later")):
-            figures["probe/deciding_attention" + key.removeprefix("mean_attention")] = heatmap(
-                d["agreement_attention"], key,
-                f"deciding: token before the pronoun -> name ({items})", "attention")
-    if d and d["prediction_match"]:
-        figures["probe/prediction_match"] = heatmap(
-            d["prediction_match"], "match",
-            f"deciding attention predicts the model's pronoun ({d['n_attention']} items)",
-            "share of items")
-        figures["probe/prediction_correlation"] = heatmap(
-            d["prediction_match"], "correlation",
-            "deciding attention difference vs log P difference", "Pearson r", fmt="{:+.2f}",
-            center=0.0)
-    for key in ("delta_mean_margin", "delta_accuracy") if report["ablation"] else ():
-        figures[f"probe/ablation_{key}"] = heatmap(
-            report["ablation"], key,
-            f"agreement: change in {key[6:].replace('_', ' ')} with the head {ABLATION}",
-            key.replace("_", " "), fmt="{:+.2f}", center=0.0)
-    with event_writer(folder) as writer:
-        for tag, fig in figures.items():
-            log_figure(writer, tag, fig, png_dir=folder)
-        writer.add_text("probe/report", "\n".join("    " + line for line in console), 0)
-    return list(figures)

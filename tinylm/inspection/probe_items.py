@@ -1,14 +1,9 @@
-"""Probe files: JSONL, one item per line, read and checked line by line, then tokenized for
-the scoring in probe.py. Two kinds of item (a file may mix them; other fields are ignored);
-character offsets point at the first character of a word:
-
-- attention item, two characters of different gender before the pronoun:
-  {"text", "pronoun_char", "antecedent_chars": [...], "distractor_chars": [...]}
-  and optionally "wrong_pronoun" (for the deciding position's prediction match)
-- agreement item, one character before the pronoun:
-  {"text", "pronoun_char", "antecedent_chars": [...], "wrong_pronoun"}
-
-A line that cannot be used raises ProbeFileError naming its file and line.
+"""Probe files (the format: docs/inspecting.md): JSONL, one item per line, read and checked line
+by line, then tokenized for the scoring in probe.py. Character offsets point at a word's first
+character. An attention item has two characters of different gender before the pronoun:
+{"text", "pronoun_char", "antecedent_chars", "distractor_chars"}, optionally "wrong_pronoun"; an
+agreement item has one: {"text", "pronoun_char", "antecedent_chars", "wrong_pronoun"}. A line
+that cannot be used raises ProbeFileError naming its file and line.
 """
 
 from __future__ import annotations
@@ -25,8 +20,6 @@ from tinylm.inspection.capture import PRONOUNS, find_words, token_word_index, wo
 
 SHIPPED_PROBES = ("pronouns.jsonl", "agreement.jsonl")  # data/probes/ (a wheel: tinylm/probes/)
 WORD_CHAR = re.compile(r"\w")
-
-
 MAX_PROBE_FILE_BYTES = 100 * 2**20  # a thousand times the shipped sets: no probe is larger
 
 
@@ -88,18 +81,17 @@ def parse_item(obj, where: str) -> ProbeItem:
         raise ProbeFileError(f"{where}: pronoun_char={p} points at {pronoun!r}, which is not a "
                              f"pronoun; known: {', '.join(sorted(PRONOUNS))}")
 
-    kinds = {"antecedent": "antecedent_chars"}
-    if "distractor_chars" in obj:
-        kinds["distractor"] = "distractor_chars"
+    roles = ["antecedent", "distractor"] if "distractor_chars" in obj else ["antecedent"]
     mentions: dict[str, list[int]] = {}
     seen: dict[int, str] = {}
-    for role, key in kinds.items():
+    for role in roles:
+        key = f"{role}_chars"
         mentions[role] = value = obj.get(key)
         if (not isinstance(value, list) or not value
                 or not all(isinstance(c, int) and not isinstance(c, bool) for c in value)):
             raise ProbeFileError(f"{where}: {key} must be a non-empty list of character offsets, "
                                  f"got {value!r}")
-        for i, char in enumerate(mentions[role]):
+        for i, char in enumerate(value):
             word_starting(f"{key}[{i}]", char)
             if char >= p:
                 raise ProbeFileError(
@@ -247,8 +239,6 @@ def encode_agreement_item(tokenizer, item: ProbeItem, block_size: int,
         if offsets[n_context][0] < before:
             raise item.error(f"the tokenizer joins {word!r} with the text before it, so its "
                              "probability cannot be read on its own")
-        if n_context == 0:
-            raise item.error("no text before the pronoun")
         _check_length(item, len(ids), block_size)
         encoded.append((ids, n_context))
     (ids_written, n), (ids_wrong, n_wrong) = encoded

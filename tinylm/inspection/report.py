@@ -1,6 +1,6 @@
-"""What `tinylm-generate ... inspect=true` writes for each text: TensorBoard (images, texts and
-the attention tab's data), the same images as PNG files, attention.npz, pronouns.md (the console
-summary and the pronoun tables) and inspect.json (the readings as records).
+"""What `tinylm-generate ... inspect=true` writes for each text: TensorBoard (the attention tab's
+data, an image per layer, texts), the same images as PNG files, attention.npz, pronouns.md (the
+console summary and the pronoun tables) and inspect.json (the readings as records).
 
     inspect_texts(model, tokenizer, [text], "runs/inspect", out=print)   # out: progress lines
 """
@@ -24,24 +24,15 @@ from tinylm.inspection.capture import (
     is_name,
     read_pronouns,
 )
-from tinylm.inspection.figures import (
-    attention_grid_figure,
-    attention_head_figure,
-    event_writer,
-    label_step,
-    log_figure,
-    pronoun_bar_figure,
-)
+from tinylm.inspection.figures import AttentionGridImages, event_writer, label_step, log_image
 from tinylm.inspection.tensorboard_plugin.summary import write_attention
 
 # Long texts stay readable by labelling 1 token in k, so that an axis has at most this many labels
 # (pronouns are labelled in any case); the pictures always show every token.
-GRID_LABELS, HEAD_LABELS = 32, 64
+GRID_LABELS = 32
 
-# A 12 x 12 model (GPT-2) would list 144 heads on the console and draw 144 one-head images: the
-# console names the strongest LISTED_HEADS, and one-head images are drawn up to MAX_HEAD_IMAGES.
+# A 12 x 12 model (GPT-2) would list 144 heads on the console: it names the strongest LISTED_HEADS.
 LISTED_HEADS = 12
-MAX_HEAD_IMAGES = 64
 
 
 def _md(text: str) -> str:
@@ -146,30 +137,22 @@ def write_inspection(capture: AttentionCapture, folder: str | Path, prompt_chars
     """Write one text's attention into `folder` (inspect_texts publishes it whole); returns the
     console summary lines.
 
-    TensorBoard tags: attention/layer_LL/all_heads, attention/layer_LL/head_HH (images),
-    pronouns/NN_<pronoun> (bar charts and markdown tables), text/generated, text/tokens,
-    pronouns/summary (text); a PNG file per image tag (attention/layer_00/head_03.png).
-    inspect.json holds `meta` and the pronoun readings.
+    TensorBoard: the attention tab's data (every head, word by word), an image per layer
+    attention/layer_LL/all_heads (its heads side by side, also as attention/layer_LL/all_heads.png)
+    and texts: text/generated, text/tokens, pronouns/summary, pronouns/NN_<pronoun> (markdown
+    tables). inspect.json holds `meta` and the pronoun readings.
     """
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
-    n_layer, n_head, t, _ = capture.weights.shape
     readings = read_pronouns(capture, top_words)
     pronoun_tokens = [i for i, w in enumerate(capture.token_words)
                       if w in {r.word for r in readings}]
     summary = pronoun_summary(capture, readings)
 
-    def labelled(max_labels: int) -> str:
-        step = label_step(t, max_labels)
-        return "every token" if step == 1 else f"1 token in {step}"
-
+    step = label_step(capture.weights.shape[-1], GRID_LABELS)
+    labelled = "every token" if step == 1 else f"1 token in {step}"
     notes = [capture.window_note(),
-             f"heatmap labels: {labelled(GRID_LABELS)} on the all-heads maps, "
-             f"{labelled(HEAD_LABELS)} on the one-head maps; pronouns always, in red"]
-    head_images = n_layer * n_head <= MAX_HEAD_IMAGES
-    if not head_images:
-        notes.append(f"one image per layer: {n_layer} x {n_head} heads are more than the "
-                     f"{MAX_HEAD_IMAGES} drawn one by one; the TinyLM attention tab shows each")
+             f"heatmap labels: {labelled} on the all-heads maps; pronouns always, in red"]
 
     with event_writer(folder) as writer:
         write_attention(writer, "inspect", capture, 0)  # the "tinylm attention" tab
@@ -179,30 +162,13 @@ def write_inspection(capture: AttentionCapture, folder: str | Path, prompt_chars
                         + _md(rest) + "\n\n(prompt in bold; " + "; ".join(notes) + ")", 0)
         writer.add_text("text/tokens", tokens_table(capture), 0)
         writer.add_text("pronouns/summary", "\n\n".join(summary) or "no pronouns in the text", 0)
-        for layer in range(n_layer):
-            fig = attention_grid_figure(capture.weights[layer], capture.tokens, f"layer {layer}",
-                                        GRID_LABELS, pronoun_tokens)
-            log_figure(writer, f"attention/layer_{layer:02d}/all_heads", fig, png_dir=folder)
-            for head in range(n_head if head_images else 0):
-                fig = attention_head_figure(capture.weights[layer, head], capture.tokens,
-                                            f"layer {layer} head {head}", HEAD_LABELS,
-                                            pronoun_tokens)
-                log_figure(writer, f"attention/layer_{layer:02d}/head_{head:02d}", fig,
-                           png_dir=folder)
-        words = capture.words
         for n, r in enumerate(readings):
-            tag = f"pronouns/{n:02d}_{r.pronoun}"
-            writer.add_text(tag, pronoun_table(capture, r), 0)
-            if not r.positions:
-                continue  # nothing earlier to look at: the table says why
-            panels = {f"{position}: {query_label(capture, r, position)}":
-                      [[[(words[w], v) for w, v in ranked] for ranked in row]
-                       for row in reading.top] for position, reading in r.positions.items()}
-            names = {words[w] for reading in r.positions.values() for row in reading.top
-                     for ranked in row for w, _ in ranked
-                     if is_name(capture.text, capture.word_spans, w)}
-            fig = pronoun_bar_figure(panels, f"{r.pronoun!r} at character {r.char}", names)
-            log_figure(writer, tag, fig, png_dir=folder)
+            writer.add_text(f"pronouns/{n:02d}_{r.pronoun}", pronoun_table(capture, r), 0)
+        # the layers share tokens, labels and colour bar: one layout, then only the heatmaps
+        grids = AttentionGridImages(capture.tokens, GRID_LABELS, pronoun_tokens)
+        for layer, weights in enumerate(capture.weights):
+            log_image(writer, f"attention/layer_{layer:02d}/all_heads",
+                      grids(weights, f"layer {layer}"), png_dir=folder)
 
     np.savez_compressed(
         folder / "attention.npz", weights=capture.weights, ids=np.array(capture.ids),
@@ -235,7 +201,7 @@ def inspect_texts(model, tokenizer, texts: Sequence[str], logdir: str | Path,
             if not text:
                 say(f"\nnothing to inspect in sample {i + 1}: the text is empty")
                 continue
-            # drawing takes about a second per figure: say what is going on
+            # drawing the first layer's image takes about a second: say what is going on
             which = "the text" if len(texts) == 1 else f"sample {i + 1}"
             say(f"\nwriting the attention of {which} to {logdir / sample} ...")
             lines = write_inspection(capture_attention(model, tokenizer, text), folder / sample,

@@ -3,8 +3,8 @@
 tinylm.attention computes every number; this module runs it stage by stage, labels the numbers
 and checks them against the module's or the model's own forward pass (docs/attention.md).
 
-    explain_given_qkv({"q": [[1, 0], [0, 1]]}, causal=True).text   # every step, causal mask
-    explain_given_multi_head({}, n_head=2).text                     # split, attend, concatenate
+    explain_given_qkv(torch.tensor([[1., 0.], [0., 1.]]), causal=True).text  # every step, causal
+    explain_given_multi_head(n_head=2).text                        # split, attend, concatenate
     explain_model_head(model, tokenizer, "Lily saw a cat. She", layer=1, query="She")
 """
 
@@ -12,12 +12,9 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from contextlib import nullcontext
-from pathlib import Path
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 import torch
-import yaml  # JSON is YAML, so one reader serves both
 
 from tinylm.attention import (
     AttentionSteps,
@@ -26,70 +23,14 @@ from tinylm.attention import (
     unshifted_exps,
     value_terms,
 )
-from tinylm.files import published_atomically
-from tinylm.generate import refuse_unless_held
 from tinylm.tables import MAX_WIDTH, paragraph, side_by_side, table, vector
 
 # The worked example of docs/attention.md: 3 tokens, d = 2, Q = K.
 EXAMPLE_Q = [[1.0, 0.0], [0.0, 1.0], [1.0, 1.0]]
 EXAMPLE_V = [[1.0, 0.0], [0.0, 2.0], [1.0, 1.0]]
-QKV_FILE_KEYS = ("q", "k", "v", "x")
-# The numbers are float32, exact to about 7 significant digits: more decimals show only rounding.
-MAX_DIGITS = 9
-# What the walkthrough holds per number it prints: the number in each step and its text in a table
-# (a str in a list, its share of a line); counted 256 bytes. Reading a JSON or YAML file holds
-# about 200 bytes per byte of it (the parser's nodes, then the lists of numbers); counted 512.
-NUMBER_BYTES, QKV_FILE_BYTES = 256, 512
-
-
-def to_matrix(name: str, value: Any) -> torch.Tensor:
-    """A list of rows of numbers (or one flat row) -> float tensor (rows, cols); clear errors."""
-    example = f"e.g. {name}=[[1,0],[0,1]]"
-    if isinstance(value, (str, bytes)) or not isinstance(value, Sequence):
-        raise ValueError(f"{name}={value!r} is not a list of rows of numbers ({example})")
-    if len(value) == 0:
-        raise ValueError(f"{name} is empty; give at least one row ({example})")
-    nested = [isinstance(row, Sequence) and not isinstance(row, str) for row in value]
-    if not any(nested):
-        value = [value]  # one flat row: a single query, key or value
-    elif not all(nested):
-        raise ValueError(f"{name} mixes rows and single numbers: {list(value)!r} ({example})")
-    rows = []
-    for i, row in enumerate(value):
-        if len(row) != len(value[0]):
-            raise ValueError(f"{name} is ragged: row 0 has {len(value[0])} numbers but row {i} "
-                             f"has {len(row)}; every row needs the same count ({example})")
-        for j, x in enumerate(row):
-            if isinstance(x, bool) or not isinstance(x, (int, float)) or not math.isfinite(x):
-                raise ValueError(f"{name}[{i}][{j}] = {x!r} is not allowed: entries must be "
-                                 "finite numbers")
-        rows.append([float(x) for x in row])
-    if len(rows[0]) == 0:
-        raise ValueError(f"{name} has rows of 0 numbers ({example})")
-    return torch.tensor(rows)
-
-
-def read_qkv_file(path: str) -> dict[str, Any]:
-    """Read a JSON or YAML file that maps some of q, k, v, x to lists of rows."""
-    file = Path(path)
-    if not file.exists():
-        raise FileNotFoundError(f"qkv_file={path!r} does not exist")
-    if not file.is_file():  # a directory, a pipe or a device: it may never end
-        raise ValueError(f"qkv_file={path!r} is not a regular file; name a JSON or YAML file")
-    refuse_unless_held("qkv_file", path, file.stat().st_size, lambda n: n * QKV_FILE_BYTES,
-                       f"reading it holds about {QKV_FILE_BYTES} bytes per byte", unit="bytes")
-    try:
-        data = yaml.safe_load(file.read_text())
-    except yaml.YAMLError as err:
-        raise ValueError(f"qkv_file={path!r} is not valid JSON or YAML: {err}") from err
-    if not isinstance(data, dict) or not data:
-        raise ValueError(f"qkv_file={path!r} must hold a mapping with keys among "
-                         f"{', '.join(QKV_FILE_KEYS)}")
-    unknown = sorted(str(key) for key in data if key not in QKV_FILE_KEYS)
-    if unknown:
-        raise ValueError(f"qkv_file={path!r} has unknown key {', '.join(unknown)}; allowed: "
-                         f"{', '.join(QKV_FILE_KEYS)}")
-    return data
+# What a command passes to refuse a walkthrough it cannot hold: printable(key, n, unit, numbers)
+# is called before any work; the tables hold numbers(n) numbers, n being the `unit`s of `key`.
+Printable = Callable[[str, int, str | None, Callable[[int], int]], None]
 
 
 def resolve_query(query: int | str | None, labels: Sequence[str], default: int,
@@ -172,16 +113,6 @@ def model_head_steps(model, idx: torch.Tensor, layer: int, head: int
     return steps, v[0, head], out.attentions[layer][0, head]
 
 
-def _refuse_unless_printable(key: str, n: int, unit: str | None,
-                             numbers: Callable[[int], int]) -> None:
-    """Refuse, before any work, a walkthrough that prints numbers(n) numbers (n: the `unit`s of
-    `key`, e.g. q's rows) when their tables cannot be held in memory."""
-    refuse_unless_held(key, n if unit is None else f"[{n:,} {unit}]", n,
-                       lambda m: numbers(m) * NUMBER_BYTES,
-                       f"the walkthrough would print {numbers(n):,} numbers, about "
-                       f"{NUMBER_BYTES} bytes each", unit)
-
-
 def _labels(prefix: str, n: int) -> list[str]:
     return [f"{prefix}{i}" for i in range(n)]
 
@@ -189,11 +120,12 @@ def _labels(prefix: str, n: int) -> list[str]:
 def mask_and_scale(attn: MultiHeadAttention, head_size: int) -> str:
     """What a layer does otherwise than plain scaled causal attention (GPT-Neo's layers), said."""
     said = ""
-    if attn.window is not None:
-        said += (f" and local: each token sees only the last {attn.window} positions (a banded "
+    window, scale = attn.variant.window, attn.variant.scale
+    if window is not None:
+        said += (f" and local: each token sees only the last {window} positions (a banded "
                  "mask)")
-    if attn.scale is not None and attn.scale != 1 / math.sqrt(head_size):
-        said += (f"; the scores are multiplied by {attn.scale:g}, not divided by √d (the '/√d' "
+    if scale is not None and scale != 1 / math.sqrt(head_size):
+        said += (f"; the scores are multiplied by {scale:g}, not divided by √d (the '/√d' "
                  "column shows them after that)")
     return said
 
@@ -325,24 +257,21 @@ def _weight_panels(steps: AttentionSteps, rows: list[str], cols: list[str], pref
             Panel(f"{prefix}weights", blank_hidden, rows, cols, weights=True)]
 
 
-def explain_given_qkv(given: dict, causal: bool = False, query: int | str | None = None,
-                      digits: int = 4, d_model: int | None = None) -> Explanation:
+def explain_given_qkv(q: torch.Tensor | None = None, k: torch.Tensor | None = None,
+                      v: torch.Tensor | None = None, causal: bool = False,
+                      query: int | str | None = None, digits: int = 4,
+                      printable: Printable | None = None) -> Explanation:
     """tinylm-explain's single-head mode: scaled dot-product attention step by step, following
-    row `query`, on the q (T_q, d), k (T_k, d), v (T_k, d_v) that `given` holds (K = Q and V = K
-    where missing), or on the worked example; d_model and x (n_head mode) are refused."""
-    if given.get("x") is not None or d_model is not None:
-        raise ValueError("x and d_model are for multi-head mode; add n_head=<heads>")
-    if given.get("q") is None:
-        if given.get("k") is not None or given.get("v") is not None:
-            raise ValueError("k or v were given without q; give q too")
+    row `query`, on q (T_q, d), k (T_k, d), v (T_k, d_v) (K = Q and V = K where missing), or
+    without q on the worked example."""
+    if q is None:
         intro = "The explainer's worked example: 3 tokens, d = 2, K = Q."
-        given = {"q": EXAMPLE_Q, "v": EXAMPLE_V}
+        q, k, v = torch.tensor(EXAMPLE_Q), None, torch.tensor(EXAMPLE_V)
     else:
-        intro = ("Your Q, K, V" + ("  (K = Q: k not given)" if given.get("k") is None else "")
-                 + ("  (V = K: v not given)" if given.get("v") is None else ""))
-    q = to_matrix("q", given["q"])
-    k = to_matrix("k", given["k"]) if given.get("k") is not None else q
-    v = to_matrix("v", given["v"]) if given.get("v") is not None else k
+        intro = ("Your Q, K, V" + ("  (K = Q: k not given)" if k is None else "")
+                 + ("  (V = K: v not given)" if v is None else ""))
+    k = q if k is None else k
+    v = k if v is None else v
     if q.size(1) != k.size(1):
         raise ValueError(f"q rows have {q.size(1)} numbers but k rows have {k.size(1)}: each "
                          "query is dotted with each key, so q and k need the same width d")
@@ -351,8 +280,9 @@ def explain_given_qkv(given: dict, causal: bool = False, query: int | str | None
                          "exactly one value")
 
     t_k, d, d_v = k.size(0), q.size(1), v.size(1)
-    _refuse_unless_printable("q", q.size(0), "rows", lambda t_q: t_q * d + 3 * t_q * d_v + (
-        (t_q if k is q else t_k) * (d + d_v + 8 * t_q)))  # Q, output columns; K, V, the steps
+    if printable is not None:
+        printable("q", q.size(0), "rows", lambda t_q: t_q * d + 3 * t_q * d_v + (
+            (t_q if k is q else t_k) * (d + d_v + 8 * t_q)))  # Q, output columns; K, V, the steps
 
     q_rows, k_cols = _labels("q", q.size(0)), _labels("k", k.size(0))
     i, note = resolve_query(query, q_rows, default=0)
@@ -389,21 +319,12 @@ def explain_given_qkv(given: dict, causal: bool = False, query: int | str | None
                        _weight_panels(steps, q_rows, k_cols, masked=" (masked)" if causal else ""))
 
 
-def explain_given_multi_head(given: dict, n_head: int, d_model: int | None = None,
-                             seed: int = 0, digits: int = 4,
-                             query: int | str | None = None) -> Explanation:
+def explain_given_multi_head(n_head: int, x: torch.Tensor | None = None,
+                             d_model: int | None = None, seed: int = 0, digits: int = 4,
+                             printable: Printable | None = None) -> Explanation:
     """tinylm-explain's n_head mode: MultiHeadAttention step by step (project, split into heads,
-    attend, concatenate, project) on the x (T, d_model) that `given` holds, or on 3 random rows of
-    width d_model (or 4), with weights random with `seed` and rounded so the printed numbers are
-    the ones used; q, k, v and query belong to the other modes and are refused."""
-    unused = [name for name in ("q", "k", "v") if given.get(name) is not None]
-    if unused:
-        raise ValueError(f"n_head mode projects Q, K, V from x; give x=[[...]] instead of "
-                         f"{', '.join(unused)}")
-    if query is not None:
-        raise ValueError("query picks the row to follow in the single-head and checkpoint modes; "
-                         "n_head mode shows every row")
-    x = to_matrix("x", given["x"]) if given.get("x") is not None else None
+    attend, concatenate, project) on x (T, d_model), or on 3 random rows of width d_model (or 4),
+    with weights random with `seed` and rounded so the printed numbers are the ones used."""
     if x is not None and d_model is not None and d_model != x.size(1):
         raise ValueError(f"d_model={d_model} but x rows have {x.size(1)} numbers; "
                          "drop d_model or make them agree")
@@ -417,10 +338,10 @@ def explain_given_multi_head(given: dict, n_head: int, d_model: int | None = Non
         heads and the output (T x C each); each head's masked scores and weights (T x T)."""
         return 3 * c * c + 6 * t * c + 2 * n_head * t * t
 
-    if x is None:  # the random x has 3 rows
-        _refuse_unless_printable("d_model", d_model, None, lambda c: numbers(3, c))
-    else:
-        _refuse_unless_printable("x", x.size(0), "rows", lambda t: numbers(t, d_model))
+    if printable is not None and x is None:  # then d_model sets the size: the random x has 3 rows
+        printable("d_model", d_model, None, lambda c: numbers(3, c))
+    elif printable is not None:
+        printable("x", x.size(0), "rows", lambda t: numbers(t, d_model))
     attn, x_random = example_attention(d_model, n_head, seed)
     x_given = x is not None
     x = x if x_given else x_random
@@ -513,23 +434,3 @@ def explain_model_head(model, tokenizer, text: str, layer: int = 0, head: int = 
     short = [repr(t) for t in tokens]
     return Explanation("\n".join(lines), f"layer {layer} head {head}",
                        _weight_panels(steps, short, short))
-
-
-def write_figures(explanation: Explanation, png: str | None, logdir: str | None) -> list[str]:
-    """Write the heatmaps as a PNG and/or to TensorBoard, each whole or (a full disk) neither;
-    returns lines saying where."""
-    # imported here: only runs that ask for figures wait for matplotlib (and TensorBoard)
-    from tinylm.inspection.figures import event_writer, save_figure, steps_figure
-
-    fig = steps_figure(explanation.panels, f"tinylm-explain: {explanation.title}")
-    written = []
-    with published_atomically(logdir) if logdir else nullcontext() as folder:
-        if logdir:
-            tag = "explain/" + explanation.title.replace(" ", "_").replace(",", "")
-            with event_writer(folder) as writer:
-                writer.add_figure(tag, fig, global_step=0, close=False)
-            written.append(f"TensorBoard figure {tag!r} written to {logdir} "
-                           f"(tensorboard --logdir {logdir})")
-        if png:  # last: a failed event file leaves no PNG either
-            written.insert(0, f"Figure written to {save_figure(fig, png)}")
-    return written

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from tinylm.config import bad, integer, number, one_of
+from tinylm.config import at_least, bad, check, choice, within
 from tinylm.train.muon import MuonWithAdamW, ShapeBatchedMuon
 
 OPTIMIZERS = ("adamw", "muon")
@@ -39,16 +39,13 @@ class OptimConfig:
     muon_momentum: float = 0.95  # optim=muon: momentum of the matrices' updates (Nesterov)
 
     def __post_init__(self):
-        one_of("optim.name", self.name, OPTIMIZERS)
-        for key in ("lr", "min_lr", "weight_decay", "grad_clip", "muon_lr"):
-            number(f"optim.{key}", getattr(self, key), low=0)
-        number("optim.muon_momentum", self.muon_momentum, 0, 1, high_open=True)
+        non_negative, fraction = within(low=0), within(0, 1, high_open=True)
+        check(self, "optim", name=choice(*OPTIMIZERS), lr=non_negative, min_lr=non_negative,
+              warmup_steps=at_least(0), lr_decay_steps=at_least(1, null="for train.max_steps"),
+              weight_decay=non_negative, beta1=fraction, beta2=fraction, grad_clip=non_negative,
+              muon_lr=non_negative, muon_momentum=fraction)
         if self.min_lr > self.lr:
             raise bad("optim.min_lr", self.min_lr, f"must be <= optim.lr={self.lr}")
-        for key in ("beta1", "beta2"):
-            number(f"optim.{key}", getattr(self, key), 0, 1, high_open=True)
-        integer("optim.warmup_steps", self.warmup_steps, least=0)
-        integer("optim.lr_decay_steps", self.lr_decay_steps, least=1, null="for train.max_steps")
 
 
 def lr_at(step: int, optim: OptimConfig, max_steps: int) -> float:

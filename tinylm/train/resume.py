@@ -53,7 +53,7 @@ def checkpoint_to_resume(run_dir: Path, resume: bool | str) -> Path | None:
         directory = resolve_checkpoint_dir(resume, prefer="last")
     except FileNotFoundError as err:
         raise ConfigError(f"train.resume={resume}: {err}") from None
-    if has_checkpoints and not directory.resolve().is_relative_to(run_dir.resolve()):
+    if has_checkpoints and not directory.is_relative_to(run_dir.resolve()):  # both resolved paths
         raise ConfigError(f"{run_dir} already holds checkpoints of another run; resume "
                           f"{resume} into a new hydra.run.dir")
     return directory

@@ -11,7 +11,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tinylm.config import ConfigError, bad, flag, integer, one_of, to_dataclass
+from tinylm.config import ConfigError, at_least, bad, check, choice, to_dataclass
 from tinylm.data import DataConfig
 from tinylm.model import ModelConfig
 from tinylm.tokenizer import TokenizerConfig
@@ -46,14 +46,11 @@ class TrainConfig:
     threads: int | str = "auto"  # torch intra-op threads; auto: the idle usable cores (threads.py)
 
     def __post_init__(self):
-        for key, least in (("max_steps", 1), ("batch_size", 1), ("grad_accum_steps", 1),
-                           ("eval_interval", 1), ("eval_batches", 1), ("checkpoint_interval", 0),
-                           ("log_interval", 1), ("sample_tokens", 0)):
-            integer(f"train.{key}", getattr(self, key), least)
-        integer("train.seed", self.seed)
-        one_of("train.precision", self.precision, PRECISIONS)
-        flag("train.compile", self.compile)
-        check_threads_setting("train.threads", self.threads)
+        positive = at_least(1)
+        check(self, "train", max_steps=positive, batch_size=positive, grad_accum_steps=positive,
+              eval_interval=positive, eval_batches=positive, checkpoint_interval=at_least(0),
+              log_interval=positive, sample_tokens=at_least(0), precision=choice(*PRECISIONS),
+              threads=check_threads_setting)
         if not isinstance(self.resume, bool) and not (isinstance(self.resume, str)
                                                       and self.resume):
             raise bad("train.resume", self.resume,

@@ -174,6 +174,19 @@ def matmul_peak_flops(device: torch.device, dtype: torch.dtype) -> float:
     return 2 * n**3 / best
 
 
+def flops_per_token(model: TinyLM, seq_len: int | None = None) -> float:
+    """Training FLOPs (forward + backward) per token at context `seq_len` (default block_size).
+
+    6 per parameter (2 forward, 4 backward) plus attention's q·kᵀ and weights·v, which do not
+    show in the parameter count: 2 matmuls x 2 FLOPs x 3 (fwd+bwd) = 12 per layer, head dim
+    and key position. Counts every key (the causal half is not subtracted), as in the PaLM
+    appendix, so MFU figures stay comparable with nanoGPT's.
+    """
+    c = model.config
+    t = seq_len or c.block_size
+    return 6 * model.num_params() + 12 * c.n_layer * c.n_embd * t
+
+
 def check_fits_in_memory(model_cfg: ModelConfig, vocab_size: int, batch_size: int,
                          device: torch.device) -> None:
     """Refuse, before anything is allocated, a run whose model cannot fit in the memory free on

@@ -9,12 +9,12 @@ affinity) that other work leaves idle, at least 1; torchrun's processes on one m
 
 from __future__ import annotations
 
-import contextlib
 import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import psutil
 import torch
 
 from tinylm.config import bad
@@ -45,39 +45,41 @@ def check_threads_setting(key: str, value) -> None:
 
 
 def usable_cpus() -> list[int]:
-    """The logical CPUs this process may run on (all of them where the OS has no affinity call,
-    as on macOS and Windows)."""
-    if hasattr(os, "sched_getaffinity"):
-        return sorted(os.sched_getaffinity(0))
-    return list(range(os.cpu_count() or 1))
+    """The logical CPUs this process may run on (all of them where psutil has no affinity call,
+    as on macOS)."""
+    process = psutil.Process()
+    if hasattr(process, "cpu_affinity"):
+        return sorted(process.cpu_affinity())
+    return list(range(psutil.cpu_count() or 1))
 
 
 @dataclass(frozen=True)
 class CpuSample:
-    """Busy time of some CPUs and of this process at one moment (Linux: /proc/stat)."""
+    """Busy time of some CPUs and of this process at one moment (psutil's per-CPU times)."""
 
     wall: float
     busy: float  # seconds the CPUs spent running anything
     own: float  # seconds this process ran (all its threads)
 
 
+# Not busy: idle and waiting for I/O; Linux's guest times are already counted in user and nice.
+NOT_BUSY = ("idle", "iowait", "guest", "guest_nice")
+
+
+def busy_seconds(cpu_times) -> float:
+    """Seconds one CPU has run anything, from its psutil.cpu_times() (fields differ by OS)."""
+    return sum(seconds for name, seconds in cpu_times._asdict().items() if name not in NOT_BUSY)
+
+
 def sample_cpus(cpus: list[int]) -> CpuSample | None:
-    """Busy seconds of `cpus` so far, from /proc/stat; None where there is no /proc/stat."""
+    """Busy seconds of `cpus` so far; None where the per-CPU times cannot be read."""
     try:
-        with open("/proc/stat", encoding="ascii") as f:
-            lines = f.read().splitlines()
-    except OSError:
+        per_cpu = psutil.cpu_times(percpu=True)
+        busy = sum(busy_seconds(per_cpu[i]) for i in cpus)
+    except (OSError, IndexError):  # no /proc/stat in a sandbox; an offline CPU shifts the list
         return None
-    wanted = {f"cpu{i}" for i in cpus}
-    busy = 0
-    for line in lines:
-        name, *fields = line.split()
-        if name in wanted:
-            # user nice system idle iowait irq softirq steal ...: idle and iowait are not busy
-            values = [int(v) for v in fields[:8]]
-            busy += sum(values) - values[3] - values[4]
     times = os.times()
-    return CpuSample(time.monotonic(), busy / os.sysconf("SC_CLK_TCK"), times.user + times.system)
+    return CpuSample(time.monotonic(), busy, times.user + times.system)
 
 
 def start_sample() -> CpuSample | None:
@@ -87,16 +89,10 @@ def start_sample() -> CpuSample | None:
 
 
 def busy_cpus(cpus: list[int], since: CpuSample | None = None) -> tuple[float, str] | None:
-    """How many of `cpus` other programs kept busy since `since` (or over a short wait), and how
-    that was found; None: unknown.
-
-    Linux: the busy time of those CPUs from /proc/stat, less this process's own. Elsewhere: the
-    1-minute load average (which counts this process too).
-    """
+    """How many of `cpus` other programs kept busy since `since` (or over a short wait): their
+    busy time less this process's own, and how that was found; None: unknown."""
     start = since or sample_cpus(cpus)
     if start is None:
-        with contextlib.suppress(OSError, AttributeError):
-            return min(os.getloadavg()[0], float(len(cpus))), "1-minute load average"
         return None
     time.sleep(max(0.0, MEASURE_SECONDS - (time.monotonic() - start.wall)))
     end = sample_cpus(cpus)

@@ -39,6 +39,7 @@ from tinylm.checkpoint import (
 from tinylm.config import ConfigError, bad
 from tinylm.data import BatchSampler, check_enough_tokens, prepare_data
 from tinylm.device import resolve_device
+from tinylm.fast import cheaper_dropout
 from tinylm.model import TinyLM
 from tinylm.train.logs import TrainingLogs
 from tinylm.train.optim import configure_optimizer, set_lr
@@ -56,6 +57,7 @@ from tinylm.train.runtime import (
     all_reduce,
     check_fits_in_memory,
     compiler_missing,
+    flops_per_token,
     gather,
     init_distributed,
     matmul_peak_flops,
@@ -149,9 +151,8 @@ class Trainer:
         self.threads = apply_threads(t.threads, cpu_sample)
         torch.manual_seed(t.seed)
         self.model = TinyLM(model_cfg).to(device)  # the plain module: saved, sampled, probed
-        # rank 0's figure helper starts first, to lay its figures out while the optimizer builds
-        self.logs = TrainingLogs(t, self.tokenizer, model_cfg.block_size,
-                                 model_cfg.n_head) if self.is_main else None
+        cheaper_dropout(self.model)  # training's faster paths: this and need_logits=False below
+        self.logs = TrainingLogs(t, self.tokenizer) if self.is_main else None
         try:
             self.optimizer = configure_optimizer(self.model, cfg.optim)
             self.step, self.best_val, self.tokens_seen = 0, math.inf, 0
@@ -162,8 +163,8 @@ class Trainer:
                     on_start()
                 self.logs.open(self.run_dir / TENSORBOARD_DIR, self.step,
                                self.run_config.to_dict())
-        except BaseException:  # e.g. a resume refused: no figure will be drawn
-            self.close_logs(wait=False)
+        except BaseException:  # e.g. a write the disk refused: the event files close
+            self.close_logs()
             raise
 
         # what the steps run: compiled and/or wrapped for DDP, sharing the plain module's weights
@@ -216,15 +217,11 @@ class Trainer:
                             t.checkpoint_interval and step % t.checkpoint_interval == 0):
                         self.save(("last", "best") if improved else ("last",))
                     if stopping and not done:
-                        self.close_logs()
                         # another rank may have been the one signalled
                         raise TrainingInterrupted(stop.signum or signal.SIGTERM,
                                                   self.last_checkpoint(), step)
-        except KeyboardInterrupt:  # a second Ctrl-C: out at once
-            self.close_logs(wait=False)
-            raise
         finally:
-            self.close_logs()  # waits for the figures still being drawn
+            self.close_logs()
 
         seconds = time.perf_counter() - start_time
         trained = self.step - start_step
@@ -283,7 +280,7 @@ class Trainer:
         mean_loss = sum(losses) / len(losses)
         tokens_per_s = len(losses) * self.tokens_per_step / seconds
         bar.set_postfix(loss=f"{mean_loss:.4f}", tok_s=f"{tokens_per_s:,.0f}")
-        mfu = self.model.flops_per_token() * tokens_per_s / self.peak_flops
+        mfu = flops_per_token(self.model) * tokens_per_s / self.peak_flops
         self.logs.train_scalars(self.step, mean_loss, grad_norm, lr, tokens_per_s, mfu)
 
     def evaluate(self) -> float:
@@ -293,7 +290,7 @@ class Trainer:
                                    self.device, self.autocast, self.rank, self.world_size)
         if self.is_main:
             perplexity = math.exp(min(val_loss, 50.0))
-            # said as soon as it is known, before the sample and the figures' forward passes
+            # said as soon as it is known, before the sample and the probe prompt's forward passes
             self.info(f"step {self.step}: val loss {val_loss:.4f}, perplexity {perplexity:.2f}"
                       f"{' (best)' if val_loss < self.best_val else ''}")
             self.logs.evaluation(self.model, self.step, val_loss, perplexity, self.device)
@@ -348,10 +345,10 @@ class Trainer:
         """The checkpoint tagged last (on rank 0; None elsewhere or before the first)."""
         return tagged_checkpoint(self.run_dir / CHECKPOINTS_DIR, "last") if self.is_main else None
 
-    def close_logs(self, wait: bool = True) -> None:
+    def close_logs(self) -> None:
         """Close rank 0's logs (TrainingLogs.close) once."""
         if self.logs is not None:
-            self.logs.close(wait)
+            self.logs.close()
             self.logs = None
 
 

@@ -318,8 +318,8 @@ function drawProbeGrids() {
     const header = make("tr", {}, make("th"),
                         ...report.accuracy[0].map((_, h) => make("th", {textContent: `H${h}`})));
     return make("div", {className: "probe"},
-      make("p", {textContent: `Probe accuracy per head (${report.path}, ${report.n} items); ` +
-                              "click a cell to select that head:"}),
+      make("p", {textContent: `Probe accuracy per head (run "${report.run}", ` +
+                              `${report.n} items); click a cell to select that head:`}),
       make("table", {className: "probe-grid"}, header, ...rows));
   }));
 }
