@@ -15,6 +15,7 @@ import tinylm.checkpoint
 from tinylm.checkpoint import (
     WEIGHTS_FILE,
     CheckpointNotWritten,
+    NonFiniteWeights,
     load_checkpoint,
     resolve_checkpoint_dir,
     run_dir_lock,
@@ -387,3 +388,48 @@ def test_a_crafted_record_in_the_weights_is_refused_naming_the_file(tiny, tmp_pa
     with pytest.raises(ValueError, match=f"^{directory / WEIGHTS_FILE} holds an unreadable "
                                          "tinylm.model record in its metadata"):
         load_checkpoint(directory)
+
+
+def test_a_checkpoints_files_are_readable_as_the_umask_says(tiny, tmp_path):
+    model, tokenizer = tiny()
+    old = os.umask(0o022)
+    try:
+        directory = save_checkpoint(tmp_path, model, tokenizer, {}, step=1, trainer_state={})
+    finally:
+        os.umask(old)
+    assert {p.name: oct(p.stat().st_mode & 0o777) for p in directory.iterdir()} == {
+        name: "0o644" for name in ("model.safetensors", "model_config.json", "config.yaml",
+                                   "tokenizer.json", "trainer_state.pt")}
+
+
+def test_weights_holding_nan_or_inf_are_refused_in_one_line_naming_the_tensor(tiny, tmp_path):
+    from safetensors import safe_open
+    model, tokenizer = tiny()
+    directory = save_checkpoint(tmp_path, model, tokenizer, {}, step=1)
+    weights = directory / WEIGHTS_FILE
+    with safe_open(str(weights), "pt") as f:
+        tensors, metadata = {k: f.get_tensor(k) for k in f.keys()}, f.metadata()
+    tensors["blocks.0.mlp.fc.weight"][3, 1] = float("inf")  # a file edited, or a diverged run's
+    safetensors.torch.save_file(tensors, str(weights), metadata=metadata)
+    before = {p.name: p.read_bytes() for p in directory.iterdir()}
+    with pytest.raises(NonFiniteWeights) as refused:
+        load_checkpoint(tmp_path)
+    assert str(refused.value) == (
+        f"{weights} holds NaN or inf in blocks.0.mlp.fc.weight: the model diverged or the file "
+        "was altered; load an earlier checkpoint of the run, or download or export the model "
+        "again")
+    assert {p.name: p.read_bytes() for p in directory.iterdir()} == before
+
+
+@pytest.mark.parametrize("name", ["README.md", "checkpoints/step-0000001/model.safetensors"])
+def test_a_file_as_checkpoint_is_refused_saying_what_checkpoint_takes(tiny, tmp_path,
+                                                                     monkeypatch, name):
+    model, tokenizer = tiny()
+    save_checkpoint(tmp_path, model, tokenizer, {}, step=1)
+    (tmp_path / "README.md").write_text("# my run\n")
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(FileNotFoundError) as refused:
+        load_checkpoint(name)
+    assert str(refused.value) == (
+        f"{name} is a file, not a checkpoint: checkpoint= takes a run directory, its "
+        "checkpoints/, one checkpoint directory, a Hugging Face folder or hf:<id>")

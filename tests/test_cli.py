@@ -3,8 +3,10 @@ composed once by Hydra, and writes nothing when it refuses."""
 
 import ast
 import os
+import shlex
 import subprocess
 import sys
+from types import SimpleNamespace
 
 import pytest
 from helpers import compose, refusal, run_cli, save_run, to_dataclass
@@ -15,6 +17,7 @@ import tinylm.cli.generate
 import tinylm.cli.prepare
 import tinylm.cli.probe
 import tinylm.cli.train
+from tinylm.cli import shell_word
 from tinylm.cli.generate import GenerateConfig
 from tinylm.files import PACKAGE_DIR
 
@@ -175,3 +178,66 @@ def test_output_redirected_in_a_code_page_without_a_character_shows_a_question_m
                           capture_output=True, timeout=300)
     assert done.returncode == 0, done.stderr.decode("cp1252", "replace")
     assert shown in done.stdout.decode("cp1252")
+
+
+# A value as a shell user quotes it once (prompt="a, b" reaches Hydra as prompt=a, b): the line
+# says how to quote it, and the command it names, pasted into a shell, gives Hydra that value.
+@pytest.mark.parametrize("override, value, reason", [
+    ("prompt=Once upon a time, Lily said", "Once upon a time, Lily said",
+     "Hydra reads a comma as a sweep over values; quote the value twice"),
+    ('prompt=He said "hi"', 'He said "hi"', "quote the value if it holds spaces or symbols"),
+    ('prompt="He said "hi""', 'He said "hi"', "quote the value if it holds spaces or symbols"),
+    ("prompt=Lily's cat", "Lily's cat", "quote the value if it holds spaces or symbols"),
+])
+def test_a_value_quoted_once_is_refused_with_the_command_to_paste(override, value, reason,
+                                                                   monkeypatch, tmp_path):
+    said = refused("generate", override, monkeypatch, tmp_path)
+    assert said.startswith(f"{override}: ") and reason in said
+    (pasted,) = shlex.split(said.rpartition(": ")[2])
+    assert compose("generate", [pasted]).prompt == value
+
+
+def test_a_comma_in_a_list_value_is_shown_the_brackets(monkeypatch, tmp_path):
+    said = refused("prepare", "data.files=a.txt,b.txt", monkeypatch, tmp_path)
+    assert said == "data.files=a.txt,b.txt: a list is written in brackets: " \
+                   "'data.files=[a.txt,b.txt]'"
+
+
+@pytest.mark.parametrize("value", ["runs/my run", 'say "hi", then \'bye\'', "C:\\runs\\x\\",
+                                   'a\\"b', "true", "1", "a=b"])
+def test_a_suggested_override_pastes_back_as_its_value(value):
+    (pasted,) = shlex.split(shell_word("checkpoint", value))
+    assert compose("generate", [pasted]).checkpoint == value
+
+
+def test_the_next_steps_and_the_resume_hint_paste_into_a_shell(capsys):
+    metrics = {"run_dir": "/tmp/my runs/it's", "val_loss": 1.5, "val_perplexity": 4.48,
+               "best_val_loss": 1.5, "tokens_per_sec": 0, "step": 10, "seconds": 3,
+               "checkpoint": "c/step-10", "best_checkpoint": "c/step-10"}
+    cfg = SimpleNamespace(train=SimpleNamespace(sample_prompt='He said "hi"'),
+                          run_dir=metrics["run_dir"])
+    tinylm.cli.train.print_next_steps(metrics, cfg)
+    generate, tensorboard = capsys.readouterr().out.splitlines()[-2:]
+    prog, *args = shlex.split(generate)
+    pasted = compose("generate", args)
+    assert prog == "tinylm-generate" and pasted.checkpoint == "/tmp/my runs/it's"
+    assert pasted.prompt == 'He said "hi"'
+    assert shlex.split(tensorboard) == ["tensorboard", "--logdir", "/tmp/my runs/it's"]
+    resume = shlex.split(tinylm.cli.train.resume_command(cfg))
+    assert resume[:2] == ["tinylm-train", "train.resume=true"]
+    assert compose("config", resume[1:], return_hydra_config=True).hydra.run.dir == \
+        "/tmp/my runs/it's"
+
+
+def test_plain_paths_and_prompts_print_as_before(capsys):
+    metrics = {"run_dir": "runs/small", "val_loss": None, "best_val_loss": 1.5,
+               "tokens_per_sec": 0, "step": 10, "seconds": 3, "checkpoint": "c/step-10",
+               "best_checkpoint": "c/step-10"}
+    cfg = SimpleNamespace(train=SimpleNamespace(sample_prompt="Once upon a time"),
+                          run_dir="runs/small")
+    tinylm.cli.train.print_next_steps(metrics, cfg)
+    assert capsys.readouterr().out.endswith(
+        "Next:\n  tinylm-generate checkpoint=runs/small 'prompt=\"Once upon a time\"'\n"
+        "  tensorboard --logdir runs/small\n")
+    assert tinylm.cli.train.resume_command(cfg) == \
+        "tinylm-train train.resume=true hydra.run.dir=runs/small"

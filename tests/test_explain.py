@@ -158,6 +158,17 @@ def test_figures_are_written_as_png_and_tensorboard(tmp_path):
     (dict(q=[[1, 0]], k=[[1, 0, 0]]), "q rows have 2 numbers but k rows have 3"),
     (dict(q=[[1, 0]], k=[[1, 0], [0, 1]], v=[[1, 0]]), "k has 2 rows (tokens) but v has 1"),
     (dict(q=[[1, "a"]]), "q[0][1] = 'a' is not allowed: entries must be finite numbers"),
+    # finite in float64, inf in float32
+    (dict(q=[[1e308, 1], [1, 1]]), "q[0][0] = 1e+308 does not fit in float32: entries must be "
+     "at most 3.4028235e+38 in magnitude"),
+    (dict(q=[[1]], v=[[-(10**400)]]), "v[0][0] = about 1e400 does not fit in float32"),
+    (dict(n_head=2, x=[[1, 1, 1, 4e38]]), "x[0][3] = 4e+38 does not fit in float32"),
+    # each entry fits, their dot products do not
+    (dict(q=[[1e20, 1], [1, 1]]), "the numbers overflow float32 on the way (a dot product or "
+     "sum beyond 3.4028235e+38 in magnitude), which would make the weights NaN: give smaller "
+     "numbers in q, k and v"),
+    (dict(n_head=2, x=[[1e38, 1, 1, 1], [1, 1, 1, 1]]), "would make the weights NaN: give "
+     "smaller numbers in x"),
     (dict(q="1,0"), "q='1,0' is not a list of rows of numbers"),
     (dict(query=7), "query=7 is out of range: there are 3 queries, so use an index 0..2"),
     (dict(n_head=3), "d_model=4 is not divisible by n_head=3"),
@@ -235,6 +246,12 @@ def test_qkv_file_is_read_and_checked(tmp_path):
     bad.write_text("q: [[1, 0]]\nw: [[1]]\n")
     with pytest.raises(ValueError, match="has unknown key w; allowed: q, k, v, x"):
         explain(ExplainConfig(qkv_file=str(bad)))
+
+
+def test_a_number_past_float32_on_the_command_line_is_refused():
+    cfg = compose("explain", ["q=[[1e308,1],[1,1]]"])  # as the shell passes it to Hydra
+    with pytest.raises(ValueError, match=r"^q\[0\]\[0\] = 1e\+308 does not fit in float32"):
+        explain(to_dataclass(ExplainConfig, cfg, "explain"))
 
 
 def test_yaml_defaults_match_the_dataclass():

@@ -109,3 +109,30 @@ def test_a_replaced_folder_is_swapped_whole_or_kept_as_it_was(tmp_path, monkeypa
         (build / "train.bin").write_text("new")
     assert {p.name: p.read_text() for p in cache.iterdir()} == {"train.bin": "new"}
     assert [p.name for p in tmp_path.iterdir()] == ["toy-bpe"]  # no build, nothing set aside
+
+
+@pytest.mark.parametrize("umask, mode", [(0o022, 0o644), (0o027, 0o640)])
+def test_every_file_written_whole_gets_the_umasks_mode_even_one_its_writer_made_private(
+        tmp_path, umask, mode):
+    import os
+
+    import torch
+    from safetensors.torch import save_file
+
+    from tinylm.files import published_atomically
+
+    def private(file):
+        save_file({"w": torch.zeros(2)}, str(file))  # safetensors creates its file 0600
+
+    old = os.umask(umask)
+    try:
+        with replaced_atomically(tmp_path / "alone.safetensors") as tmp:
+            private(tmp)
+        with published_atomically(tmp_path / "folder") as build:
+            private(build / "model.safetensors")
+            (build / "config.json").write_text("{}")
+    finally:
+        os.umask(old)
+    files = [tmp_path / "alone.safetensors", *(tmp_path / "folder").iterdir()]
+    assert {p.name: oct(p.stat().st_mode & 0o777) for p in files} == {
+        "alone.safetensors": oct(mode), "model.safetensors": oct(mode), "config.json": oct(mode)}

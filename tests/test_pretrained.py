@@ -564,3 +564,17 @@ def test_every_tool_runs_on_a_loaded_model_of_12_x_12_heads(bpe, tmp_path, monke
                   'text="Lily saw Tom. She laughed and he ran to the big red ball"')
     assert "Check: the model's own forward pass gives this head the same weights" in said
     assert "local: each token sees only the last 8 positions" in said
+
+
+def test_a_folder_whose_weights_hold_nan_is_refused_naming_the_tensor(gpt2_folder):
+    from safetensors import safe_open
+    weights = gpt2_folder / "model.safetensors"
+    with safe_open(str(weights), "pt") as f:
+        tensors = {k: f.get_tensor(k) for k in f.keys()}
+    name = next(k for k in tensors if k.endswith("h.1.ln_2.weight"))
+    tensors[name][0] = float("nan")
+    save_file(tensors, str(weights), metadata={"format": "pt"})
+    with pytest.raises(ValueError) as refused:
+        load_checkpoint(gpt2_folder)
+    assert str(refused.value).startswith(f"{weights} holds NaN or inf in blocks.1.ln_2.weight: ")
+    assert len(str(refused.value).splitlines()) == 1

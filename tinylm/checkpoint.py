@@ -72,7 +72,7 @@ class RunDirInUse(ValueError):
 
 
 class NonFiniteWeights(ValueError):
-    """The weights hold NaN or inf: such a model is not saved as a checkpoint."""
+    """The weights hold NaN or inf: such a model is neither saved as a checkpoint nor loaded."""
 
 
 class CheckpointNotWritten(NotWritten):
@@ -191,6 +191,14 @@ def _save_trainer_state(state: dict, file: Path) -> None:
             raise
 
 
+def _non_finite(model: TinyLM) -> str | None:
+    """The name of the first weight of `model` holding NaN or inf, or None."""
+    for name, p in model.named_parameters():
+        if not torch.isfinite(p).all():
+            return name
+    return None
+
+
 def _sha256(file: Path) -> str:
     return hashlib.sha256(file.read_bytes()).hexdigest()
 
@@ -216,9 +224,9 @@ def save_checkpoint(run_dir: str | Path, model: TinyLM, tokenizer: Tokenizer, ru
     for tag in tags:
         if tag not in TAGS:
             raise ValueError(f"checkpoint tag {tag!r} is not allowed; allowed: {', '.join(TAGS)}")
-    for param_name, p in model.named_parameters():  # a diverged model is never a checkpoint
-        if not torch.isfinite(p).all():
-            raise NonFiniteWeights(f"the weights are not finite ({param_name} holds NaN or inf)")
+    bad = _non_finite(model)
+    if bad:  # a diverged model is never a checkpoint
+        raise NonFiniteWeights(f"the weights are not finite ({bad} holds NaN or inf)")
     checkpoints = Path(run_dir) / CHECKPOINTS_DIR
 
     # A name no tag points at yet: saving the same step twice must not touch the first copy.
@@ -276,6 +284,10 @@ def resolve_checkpoint_dir(path: str | Path, prefer: str = "best") -> Path:
             raise FileNotFoundError(f"{path} names no checkpoint directory beside it"
                                     + (f" ({named.name} is missing)" if named else ""))
         return named
+    if not path.is_dir():  # README.md, or model.safetensors itself: not what checkpoint= takes
+        raise FileNotFoundError(f"{path} is a file, not a checkpoint: checkpoint= takes a run "
+                                "directory, its checkpoints/, one checkpoint directory, a Hugging "
+                                "Face folder or hf:<id>")
     order = [prefer] + [t for t in TAGS if t != prefer]
     for base in (path, path / CHECKPOINTS_DIR):
         for tag in order:
@@ -344,12 +356,23 @@ def _read_model_config(file: Path, weights: Path) -> tuple[ModelConfig, dict[str
     return config, records
 
 
+def _refuse_non_finite(model: TinyLM, weights: Path) -> None:
+    """Raise NonFiniteWeights, naming the tensor, for weights loaded from `weights` that hold
+    NaN or inf: every sample and report of such a model would be garbage or a traceback."""
+    bad = _non_finite(model)
+    if bad:
+        raise NonFiniteWeights(f"{weights} holds NaN or inf in {bad}: the model diverged or the "
+                               "file was altered; load an earlier checkpoint of the run, or "
+                               "download or export the model again")
+
+
 def load_checkpoint(path: str | Path, device: str | torch.device = "cpu",
                     prefer: str = "best") -> Checkpoint:
     """Rebuild model and tokenizer from a checkpoint (see resolve_checkpoint_dir for `path`), or
     from a Hugging Face GPT-2 / GPT-Neo: hf:<id> or its folder (tinylm/pretrained.py)."""
     if is_pretrained(path):
         model, tokenizer, directory = load_pretrained(path)
+        _refuse_non_finite(model, directory / WEIGHTS_FILE)
         return Checkpoint(directory, model.to(device), model.config, tokenizer, {}, None)
     directory = resolve_checkpoint_dir(path, prefer)
     weights = directory / WEIGHTS_FILE
@@ -377,6 +400,7 @@ def load_checkpoint(path: str | Path, device: str | torch.device = "cpu",
         raise ValueError(f"{weights} cannot be loaded into the model that "
                          f"{directory / MODEL_CONFIG_FILE} describes (truncated or mismatched?):"
                          f" {err}") from err
+    _refuse_non_finite(model, weights)
 
     run_config_file = directory / RUN_CONFIG_FILE
     run_config = yaml.safe_load(run_config_file.read_text()) if run_config_file.is_file() else {}

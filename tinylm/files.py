@@ -146,6 +146,15 @@ def nearest_folder(directory: Path, key: str, value: object, purpose: str) -> Pa
     return directory.parent if place == directory else place
 
 
+def plain_mode(file: Path) -> None:
+    """Give `file` the mode a plainly created file gets under the current umask (0644 under
+    022): some writers (safetensors) create theirs 0600, which no other user could read."""
+    # os.umask reads the mask only by setting one: 077 meanwhile errs on the private side
+    mask = os.umask(0o077)
+    os.umask(mask)
+    os.chmod(file, 0o666 & ~mask)
+
+
 @contextmanager
 def replaced_atomically(path: str | Path) -> Iterator[Path]:
     """Yield a temporary path beside `path` to write; when the block ends, flush it to the disk
@@ -161,6 +170,7 @@ def replaced_atomically(path: str | Path) -> Iterator[Path]:
         with reported(path):
             path.parent.mkdir(parents=True, exist_ok=True)
             yield tmp
+            plain_mode(tmp)
             fsync(tmp)
             os.replace(tmp, path)
     finally:
@@ -182,6 +192,8 @@ def published_atomically(directory: str | Path, replace: bool = False) -> Iterat
             build.mkdir(parents=True)
             yield build
             for path in [*build.rglob("*"), build]:
+                if path.is_file():
+                    plain_mode(path)
                 fsync(path)
             if replace and directory.exists():
                 os.rename(directory, old)  # moved back below if the new one cannot go in

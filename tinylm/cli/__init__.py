@@ -19,6 +19,7 @@ from __future__ import annotations
 import dataclasses
 import errno
 import os
+import re
 import shlex
 import signal
 import sys
@@ -31,6 +32,7 @@ from typing import Any, TypeVar
 import hydra
 from hydra.core.config_store import ConfigStore
 from hydra.core.hydra_config import HydraConfig
+from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.errors import HydraException, MissingConfigException, OverrideParseException
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import (
@@ -162,6 +164,27 @@ def same_command_again(prog: str) -> Callable[[str], str]:
                          f"{shlex.join([prog, *sys.argv[1:]])}")
 
 
+def shell_word(key: str, value: str, quoted: bool = False) -> str:
+    """The override `key=value` as one word to paste into a shell, that Hydra reads back as
+    `value`: the value bare where Hydra reads it so (runs/x) unless `quoted`, else in Hydra's
+    double quotes; then the word in the shell's quotes where it needs them (runs/my run)."""
+    if quoted or not hydra_reads(value):
+        # inside Hydra's quotes a quote is escaped, and so is a backslash before a quote or the end
+        escaped = re.sub(r'(\\*)("|\Z)', lambda m: m[1] * 2 + ("\\" + m[2] if m[2] else ""),
+                         value)
+        value = f'"{escaped}"'
+    return shlex.quote(f"{key}={value}")
+
+
+def hydra_reads(value: str) -> bool:
+    """Whether Hydra's override grammar reads `key=value` as the string `value`: not as a
+    number, a bool, a list or a sweep (a comma), nor refuses it (an apostrophe)."""
+    try:
+        return OverridesParser.create().parse_override(f"key={value}").value() == value
+    except HydraException:
+        return False
+
+
 def stop_on_sigterm() -> None:
     """SIGTERM (a `kill`, a scheduler's stop) ends the command as Ctrl-C does, through its
     cleanup: temporary files and lock files are removed, not left behind."""
@@ -242,9 +265,19 @@ def one_line(err: Exception, schema: type, groups: tuple[str, ...] = ()) -> str:
             return f"unknown {kind} {key}{where}; allowed: {', '.join([*keys, *groups])}"
     if isinstance(err, OverrideParseException):
         key, value = key_and_value(err.override or "")
-        quote = f"; quote the value if it holds spaces or symbols: '{key}=\"{value}\"'" \
-            if value and '"' not in value else ""
+        if len(value) > 1 and value[0] == value[-1] and value[0] in "'\"":
+            value = value[1:-1]  # quoted once for Hydra, where a quote inside ended it
+        quote = f"; quote the value if it holds spaces or symbols: " \
+                f"{shell_word(key, value, quoted=True)}" if value else ""
         return f"{err.override}: {err.message.splitlines()[0]}{quote}"
+    ambiguous = re.match(r"Ambiguous value for argument '(.*)'", str(err))
+    if ambiguous:  # a comma in a value: Hydra's sweep key=a,b, run without --multirun
+        key, value = key_and_value(ambiguous[1])
+        if typing.get_origin(field_type(schema, key)) is list:
+            return f"{ambiguous[1]}: a list is written in brackets: " \
+                   f"{shlex.quote(f'{key}=[{value}]')}"
+        return f"{ambiguous[1]}: Hydra reads a comma as a sweep over values; quote the value " \
+               f"twice: {shell_word(key, value, quoted=True)}"
     lines = [line.strip() for line in str(err).splitlines() if line.strip()]
     return lines[0] if lines else type(err).__name__
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import math
 import os
+import shlex
 import sys
 from collections.abc import Sequence
 from contextlib import nullcontext
@@ -42,6 +43,8 @@ from tinylm.train.threads import check_threads_setting
 QKV_FILE_KEYS = ("q", "k", "v", "x")
 # The numbers are float32, exact to about 7 significant digits: more decimals show only rounding.
 MAX_DIGITS = 9
+# The largest magnitude float32 holds; a larger entry would become inf, and the weights NaN.
+FLOAT32_MAX = torch.finfo(torch.float32).max
 
 
 @dataclass
@@ -111,9 +114,16 @@ def to_matrix(name: str, value: Any) -> torch.Tensor:
             raise ValueError(f"{name} is ragged: row 0 has {len(value[0])} numbers but row {i} "
                              f"has {len(row)}; every row needs the same count ({example})")
         for j, x in enumerate(row):
-            if isinstance(x, bool) or not isinstance(x, (int, float)) or not math.isfinite(x):
+            # an int is never inf or NaN, and one too large for a float is caught below
+            if isinstance(x, bool) or not isinstance(x, (int, float)) or (
+                    isinstance(x, float) and not math.isfinite(x)):
                 raise ValueError(f"{name}[{i}][{j}] = {x!r} is not allowed: entries must be "
                                  "finite numbers")
+            if abs(x) > FLOAT32_MAX:  # the check above is in float64, the attention in float32
+                # an int of hundreds of digits is named by its size, to keep the line short
+                shown = repr(x) if isinstance(x, float) else f"about 1e{int(math.log10(abs(x)))}"
+                raise ValueError(f"{name}[{i}][{j}] = {shown} does not fit in float32: entries "
+                                 f"must be at most {FLOAT32_MAX:.8g} in magnitude")
         rows.append([float(x) for x in row])
     if len(rows[0]) == 0:
         raise ValueError(f"{name} has rows of 0 numbers ({example})")
@@ -209,7 +219,7 @@ def write_figures(explanation: Explanation, png: str | None, logdir: str | None)
             with event_writer(folder) as writer:
                 writer.add_figure(tag, fig, global_step=0, close=False)
             written.append(f"TensorBoard figure {tag!r} written to {logdir} "
-                           f"(tensorboard --logdir {logdir})")
+                           f"(tensorboard --logdir {shlex.quote(str(logdir))})")
         if png:  # last: a failed event file leaves no PNG either
             written.insert(0, f"Figure written to {save_figure(fig, png)}")
     return written

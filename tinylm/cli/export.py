@@ -6,7 +6,8 @@ tinylm (and so TransformerLens, bertviz or the hub).
     (options: conf/export.yaml; the format: tinylm/pretrained.py's export_gpt2)
 
 Writes config.json, model.safetensors, tokenizer.json and tokenizer_config.json into `out`, all
-once everything is converted, each file whole (a full disk leaves `out` as it was).
+once everything is converted, each file whole (a full disk leaves `out` as it was). `out` is a
+new or empty folder outside any tinylm run: anything else is refused before the work.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from tinylm.checkpoint import CHECKPOINTS_DIR, MODEL_CONFIG_FILE
 from tinylm.cli import command
 from tinylm.cli.loading import load_for_command
 from tinylm.config import check, choice
@@ -34,6 +36,30 @@ class ExportConfig:
         check(self, prefer=choice("best", "last"))
 
 
+def refuse_out(folder: Path, value: str) -> None:
+    """Refuse, in one line and before anything is read or written, an `out` that would mix the
+    export with other files: a tinylm run or checkpoint, or inside one (the export's
+    model.safetensors would replace the checkpoint's, its config.json make the run read as a
+    Hugging Face folder), or a folder that already holds files (an old tokenizer.json or
+    pytorch_model.bin left beside the new files is read with them)."""
+    place = folder.resolve()  # through links too: a link into a run is that run
+    for above in [place, *place.parents]:
+        if (above / MODEL_CONFIG_FILE).is_file():
+            what = "the tinylm checkpoint"
+        elif (above / CHECKPOINTS_DIR).is_dir():
+            what = "the tinylm run"
+        else:
+            continue
+        where = what if above == place else f"inside {what}"
+        raise ValueError(f"out={value} is {where} {above}: the export would overwrite or mix "
+                         "with its files; name a new folder outside it, e.g. "
+                         "out=exported/my-run")
+    if place.is_dir() and any(place.iterdir()):
+        raise ValueError(f"out={value} is a folder that already holds files: old files would "
+                         "stay beside the export and be read with it; name a new or empty "
+                         f"folder, or remove {folder} first")
+
+
 def run_export(cfg: ExportConfig, out=None) -> Path:
     """Load the checkpoint, write it as GPT-2 into cfg.out, say where and what works there."""
     out = out or sys.stdout
@@ -42,6 +68,7 @@ def run_export(cfg: ExportConfig, out=None) -> Path:
                          "out=<folder to write>")
     folder = Path(cfg.out)
     nearest_folder(folder, "out", cfg.out, "cannot hold the export")  # refused before the work
+    refuse_out(folder, cfg.out)
     ckpt = load_for_command(cfg.checkpoint, prefer=cfg.prefer).checkpoint  # on the CPU
     with published_atomically(folder) as build:
         note = export_gpt2(ckpt.model, ckpt.tokenizer, build)

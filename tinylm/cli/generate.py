@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import select
+import shlex
 import stat
 import sys
 import time
@@ -180,7 +181,8 @@ def run_generate(cfg: GenerateConfig, out=None) -> list[str]:
                       prompt_chars=len(prompt), top_words=cfg.top_words,
                       meta={"checkpoint": str(ckpt.directory), **asdict(cfg)},
                       out=lambda line: print(line, file=out, flush=True))
-        print(f"\nopen the attention maps with:\n  tensorboard --logdir {logdir}", file=out)
+        print(f"\nopen the attention maps with:\n  tensorboard --logdir "
+              f"{shlex.quote(str(logdir))}", file=out)
     return texts
 
 

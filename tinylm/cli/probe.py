@@ -14,6 +14,7 @@ none does.
 from __future__ import annotations
 
 import json
+import shlex
 import sys
 import time
 from dataclasses import dataclass
@@ -94,8 +95,8 @@ def run_probe(cfg: ProbeConfig, out=None) -> dict:
             (folder / json_path.name).write_text(json.dumps(report, indent=2) + "\n")
     for line in console:
         print(line, file=out)
-    print(f"[{seconds:.1f}s] report: {json_path}\nheatmaps: tensorboard --logdir {logdir}",
-          file=out)
+    print(f"[{seconds:.1f}s] report: {json_path}\nheatmaps: tensorboard --logdir "
+          f"{shlex.quote(str(logdir))}", file=out)
     return report
 
 

@@ -15,6 +15,7 @@ import contextlib
 import logging
 import logging.handlers
 import os
+import shlex
 import shutil
 import signal
 import sys
@@ -32,6 +33,7 @@ from tinylm.cli import (
     run_schema,
     run_schemas,
     same_command_again,
+    shell_word,
 )
 from tinylm.corpus import HubError
 from tinylm.files import nearest_folder, write_text_atomic
@@ -104,7 +106,12 @@ def what_is_intact(cfg: RunConfig, when: str) -> str:
     if last is None:
         return same_command_again(PROG)(when)
     return (f"the last good checkpoint, {last}, is intact; {when}, continue with: "
-            f"{PROG} train.resume=true {RUN_DIR_KEY}={cfg.run_dir}")
+            f"{resume_command(cfg)}")
+
+
+def resume_command(cfg: RunConfig) -> str:
+    """The command that continues this run, to paste into a shell."""
+    return f"{PROG} train.resume=true {shell_word(RUN_DIR_KEY, cfg.run_dir)}"
 
 
 def shared_run_dir(output_dir: str) -> str:
@@ -134,8 +141,8 @@ def run_training(cfg: RunConfig) -> float | None:
     except TrainingInterrupted as err:
         if err.checkpoint is not None:
             print(f"\n{PROG}: stopped by {signal.Signals(err.signum).name} at step {err.step}; "
-                  f"saved {err.checkpoint}\ncontinue with:\n  {PROG} train.resume=true "
-                  f"{RUN_DIR_KEY}={cfg.run_dir}", file=sys.stderr)
+                  f"saved {err.checkpoint}\ncontinue with:\n  {resume_command(cfg)}",
+                  file=sys.stderr)
         sys.exit(128 + err.signum)
     except BaseException:
         remove_new_run_dir(cfg.run_dir)
@@ -169,8 +176,9 @@ def print_next_steps(metrics: dict, cfg: RunConfig) -> None:
           f"  checkpoints: {run_dir}/checkpoints/best -> {best}, last -> {last}\n"
           f"  TensorBoard logs: {run_dir}/tensorboard\n"
           f"Next:\n"
-          f"  tinylm-generate checkpoint={run_dir} 'prompt=\"{cfg.train.sample_prompt}\"'\n"
-          f"  tensorboard --logdir {run_dir}")
+          f"  tinylm-generate {shell_word('checkpoint', run_dir)} "
+          f"{shell_word('prompt', cfg.train.sample_prompt, quoted=True)}\n"
+          f"  tensorboard --logdir {shlex.quote(run_dir)}")
 
 
 compose_and_train = command(

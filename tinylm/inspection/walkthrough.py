@@ -257,6 +257,15 @@ def _weight_panels(steps: AttentionSteps, rows: list[str], cols: list[str], pref
             Panel(f"{prefix}weights", blank_hidden, rows, cols, weights=True)]
 
 
+def refuse_overflow(given: str, *stages: torch.Tensor) -> None:
+    """Refuse a walkthrough whose numbers outgrew float32 on the way (the dot products of entries
+    of 1e20 do): its weights would be NaN. One line naming the input to make smaller."""
+    if not all(bool(torch.isfinite(stage).all()) for stage in stages):
+        raise ValueError(f"the numbers overflow float32 on the way (a dot product or sum beyond "
+                         f"{torch.finfo(torch.float32).max:.8g} in magnitude), which would make "
+                         f"the weights NaN: give smaller numbers in {given}")
+
+
 def explain_given_qkv(q: torch.Tensor | None = None, k: torch.Tensor | None = None,
                       v: torch.Tensor | None = None, causal: bool = False,
                       query: int | str | None = None, digits: int = 4,
@@ -288,6 +297,7 @@ def explain_given_qkv(q: torch.Tensor | None = None, k: torch.Tensor | None = No
     i, note = resolve_query(query, q_rows, default=0)
 
     steps = attention_steps(q, k, v, is_causal=causal)
+    refuse_overflow("q, k and v", steps.scores, steps.output)
     hidden = (steps.masked == float("-inf")) if causal else None
     lines = [("Causal s" if causal else "S") + "caled dot-product attention, step by step "
              "(numbers computed by tinylm.attention.attention_steps).", intro]
@@ -306,6 +316,7 @@ def explain_given_qkv(q: torch.Tensor | None = None, k: torch.Tensor | None = No
                         digits, explainer_note=True)
     if causal:
         plain = attention_steps(q, k, v)
+        refuse_overflow("q, k and v", plain.output)  # other weights: other sums
         seen = [", ".join(k_cols[c] for c in range(k.size(0)) if not hidden[r, c]) or "none"
                 for r in range(q.size(0))]
         rows = [a + b + [s] for a, b, s in
@@ -346,6 +357,7 @@ def explain_given_multi_head(n_head: int, x: torch.Tensor | None = None,
     x_given = x is not None
     x = x if x_given else x_random
     walk = multi_head_walk(attn, x)
+    refuse_overflow("x", walk.q, walk.k, walk.v, walk.steps.scores, walk.output)
     T, hs, dg = x.size(0), d_model // n_head, digits
     rows, d_cols = _labels("t", T), _labels("d", d_model)
     head_cols = [f"h{h}.{c}" for h in range(n_head) for c in range(hs)]
