@@ -2,6 +2,7 @@
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 
@@ -433,3 +434,103 @@ def test_a_file_as_checkpoint_is_refused_saying_what_checkpoint_takes(tiny, tmp_
     assert str(refused.value) == (
         f"{name} is a file, not a checkpoint: checkpoint= takes a run directory, its "
         "checkpoints/, one checkpoint directory, a Hugging Face folder or hf:<id>")
+
+
+def listing(directory):
+    """Every file under `directory` with its bytes (links as where they point)."""
+    return {str(p): os.readlink(p) if p.is_symlink() else p.read_bytes()
+            for p in sorted(directory.rglob("*")) if p.is_symlink() or p.is_file()}
+
+
+@pytest.mark.parametrize("n_layer", [2, 10**9])  # 10^9 layers, even on the meta device, never end
+@pytest.mark.parametrize("recorded", [True, False])
+def test_a_layer_count_the_weights_do_not_hold_is_refused_before_the_model_is_built(
+        tiny, tmp_path, n_layer, recorded):
+    model, tokenizer = tiny()
+    directory = save_checkpoint(tmp_path, model, tokenizer, {}, step=1)
+    weights, config_file = directory / WEIGHTS_FILE, directory / "model_config.json"
+    if not recorded:  # a checkpoint written before the records: the header's names still tell
+        safetensors.torch.save_model(model, str(weights))
+    config_file.write_text(json.dumps(json.loads(config_file.read_text()) | {"n_layer": n_layer}))
+    before = listing(tmp_path)
+    with pytest.raises(ValueError) as refused:
+        load_checkpoint(directory)
+    assert str(refused.value) == (
+        f"{config_file} says n_layer={n_layer} but {weights} holds the weights of n_layer=1: "
+        "they are not one checkpoint; set n_layer back")
+    assert listing(tmp_path) == before
+
+
+@pytest.mark.parametrize("edit, why", [
+    ({"n_embd": None}, "model.n_embd=None is not allowed: must be an integer >= 1"),
+    ({"n_embd": {}}, "model.n_embd={} is not allowed: must be an integer >= 1"),
+    ({"vocab_size": None}, "model.vocab_size is null: a saved model has a vocabulary"),
+    ("{}", "model.vocab_size is null: a saved model has a vocabulary"),
+    ("null", "it does not hold a JSON object"),
+    ("[" * 100_000 + "]" * 100_000, "it is nested too deeply"),
+    ('{"a":' * 100_000 + "1" + "}" * 100_000, "it is nested too deeply"),
+])
+def test_a_crafted_model_config_is_one_line_naming_it(tiny, tmp_path, edit, why):
+    model, tokenizer = tiny()
+    directory = save_checkpoint(tmp_path, model, tokenizer, {}, step=1)
+    config_file = directory / "model_config.json"
+    if isinstance(edit, dict):
+        edit = json.dumps(json.loads(config_file.read_text()) | edit)
+    config_file.write_text(edit)
+    before = listing(tmp_path)
+    with pytest.raises(ValueError) as refused:
+        load_checkpoint(directory)
+    assert str(refused.value) == f"{config_file} is not a valid model config: {why}"
+    assert listing(tmp_path) == before
+
+
+@pytest.mark.parametrize("looped, given", [("last", "."), ("last", "checkpoints/last"),
+                                           ("step-0000001", "."),
+                                           ("step-0000001", "checkpoints/step-0000001")])
+def test_a_tag_or_step_linked_to_itself_is_one_line_naming_it(tiny, tmp_path, monkeypatch,
+                                                              looped, given):
+    model, tokenizer = tiny()
+    save_checkpoint(tmp_path, model, tokenizer, {}, step=1)  # tagged last only
+    link = tmp_path / "checkpoints" / looped
+    if link.is_file():
+        link.unlink()
+    else:
+        shutil.rmtree(link)
+    link.symlink_to(looped)
+    monkeypatch.chdir(tmp_path)
+    before = listing(tmp_path)
+    with pytest.raises(ValueError) as refused:
+        load_checkpoint(given)
+    assert str(refused.value) == (
+        f"{os.path.join('checkpoints', looped)} is a symbolic link that loops back to itself: "
+        "remove it, or point it at a checkpoint directory")
+    assert listing(tmp_path) == before
+
+
+def test_a_save_beside_a_tag_linked_to_itself_still_completes(tiny, tmp_path):
+    model, tokenizer = tiny()
+    (tmp_path / "checkpoints").mkdir()
+    (tmp_path / "checkpoints" / "best").symlink_to("best")
+    directory = save_checkpoint(tmp_path, model, tokenizer, {}, step=1)
+    assert (tmp_path / "checkpoints" / "last").read_text() == "step-0000001\n"
+    assert load_checkpoint(directory).config == model.config
+
+
+@pytest.mark.parametrize("content, why", [
+    (b"train: [1, 2\n", "expected ',' or ']', but got '<stream end>' at line 2, column 1"),
+    (b"- train\n- model\n", "it holds a list, not a mapping"),
+    (b"[" * 100_000 + b"]" * 100_000, "it is nested too deeply"),
+    (b"train: caf\xe9\n", "'utf-8' codec can't decode byte 0xe9 in position 10: invalid "
+                          "continuation byte"),
+])
+def test_a_malformed_config_yaml_is_one_line_naming_it(tiny, tmp_path, content, why):
+    model, tokenizer = tiny()
+    directory = save_checkpoint(tmp_path, model, tokenizer, {"train": {"seed": 1}}, step=1)
+    (directory / "config.yaml").write_bytes(content)
+    before = listing(tmp_path)
+    with pytest.raises(ValueError) as refused:
+        load_checkpoint(directory)
+    assert str(refused.value) == (
+        f"{directory / 'config.yaml'} is not the run config tinylm wrote ({why}): put back the "
+        "config.yaml of the run that saved this checkpoint")
+    assert listing(tmp_path) == before

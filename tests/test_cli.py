@@ -17,6 +17,7 @@ import tinylm.cli.generate
 import tinylm.cli.prepare
 import tinylm.cli.probe
 import tinylm.cli.train
+from tinylm.checkpoint import tagged_checkpoint
 from tinylm.cli import shell_word
 from tinylm.cli.generate import GenerateConfig
 from tinylm.files import PACKAGE_DIR
@@ -106,14 +107,59 @@ def test_wrong_types_and_ranges_are_refused_in_one_line(config_name, override, r
         f"{override} is not allowed: {rule}"
 
 
-def test_a_bad_value_of_a_sweep_is_refused_in_one_line_when_its_run_starts(monkeypatch,
-                                                                           tmp_path):
-    # each run of a sweep is composed on its own: the bad one refuses before it trains
+@pytest.mark.parametrize("sweep, message", [
+    (["optim.lr=-1.0,-2.0"], "optim.lr=-1.0 is not allowed: must be a finite number >= 0 "
+                             "(job 0 of the sweep's 2)"),
+    # a later job's bad value is found before the first job trains
+    (["model.n_layer=1,0,2", "train.max_steps=1"],
+     "model.n_layer=0 is not allowed: must be an integer >= 1 (job 1 of the sweep's 3)"),
+    (["train.seed=1,2", "train.compile=false,no"],
+     "train.compile=no is not allowed: must be true or false (job 1 of the sweep's 4)"),
+    (["train.seed=1,2", "data=tinystories,nope"], "data=tinystories,nope: there is no "
+     "data/nope.yaml; allowed data options: text, tinyshakespeare, tinystories, tinystories_hub "
+     "(job 1 of the sweep's 4)"),
+])
+def test_a_bad_value_in_any_job_of_a_sweep_refuses_the_sweep_before_a_job_runs(sweep, message,
+                                                                             monkeypatch,
+                                                                             tmp_path):
     monkeypatch.chdir(tmp_path)
-    said = refusal(tinylm.cli.train.main, "-m", "optim.lr=-1.0,-2.0", monkeypatch=monkeypatch)
-    assert said == "tinylm-train: error: optim.lr=-1.0 is not allowed: must be a finite number " \
-                   ">= 0"
+    said = refusal(tinylm.cli.train.main, "-m", *sweep, monkeypatch=monkeypatch)
+    assert said == f"tinylm-train: error: {message}; no job was run"
     assert not any(tmp_path.iterdir())  # nor Hydra's record of a sweep that ran nothing
+
+
+def test_a_good_sweep_passes_the_check_of_its_jobs(monkeypatch):
+    monkeypatch.setattr(sys, "argv", ["tinylm-train", "--multirun", "model.n_layer=1,2",
+                                      "optim.lr=range(1,3)", "hydra.sweep.dir=sweep"])
+    tinylm.cli.train.refuse_a_bad_sweep_job()  # returns: every job's values are allowed
+    assert tinylm.cli.train.sweep_jobs(sys.argv[2:]) == [
+        [f"model.n_layer={n}", f"optim.lr={lr}", "hydra.sweep.dir=sweep"]
+        for n in (1, 2) for lr in (1, 2)]
+
+
+@pytest.mark.parametrize("config_name, argv", [
+    ("generate", ["prompt=Hi there", "max_new_tokens=5"]),
+    ("probe", ["ablate=true"]),
+    ("explain", ["checkpoint=", "text=Hi there"]),
+])
+def test_a_command_without_a_checkpoint_says_to_train_first_and_names_the_newest_run(
+        config_name, argv, model, bpe, monkeypatch, tmp_path):
+    monkeypatch.chdir(tmp_path)
+    main, prog = MAINS[config_name], f"tinylm-{config_name}"
+    required = "checkpoint= is required: a run directory or a checkpoint directory; train one " \
+               "first with tinylm-train"
+    assert refusal(main, *argv, monkeypatch=monkeypatch) == f"{prog}: error: {required}"
+    runs = tmp_path / "runs"
+    for name, written in (("2026-12-02/09-00-00", 1_000), ("my run", 3_000),
+                          ("2026-12-03/12-00-00", 2_000)):
+        last = tagged_checkpoint(save_run(runs / name, model, bpe) / "checkpoints", "last")
+        os.utime(last, (written, written))
+    (runs / "untrained" / "checkpoints").mkdir(parents=True)  # no checkpoint: not a choice
+    os.symlink("last", runs / "untrained" / "checkpoints" / "last")  # a tag linking to itself
+    newest = " ".join([prog, "'checkpoint=runs/my run'",
+                       *map(shlex.quote, [arg for arg in argv if arg != "checkpoint="])])
+    assert refusal(main, *argv, monkeypatch=monkeypatch) == \
+        f"{prog}: error: {required}, or use the newest run here, e.g. {newest}"
 
 
 def test_good_overrides_compose():

@@ -10,7 +10,13 @@ import pytest
 import torch
 from helpers import compose, to_dataclass
 
-from tinylm.data import BatchSampler, DataConfig, check_enough_tokens, prepare_data
+from tinylm.data import (
+    BatchSampler,
+    DataConfig,
+    check_enough_tokens,
+    prepare_data,
+    warn_if_small,
+)
 from tinylm.tokenizer import EOT, TokenizerConfig, train_tokenizer
 
 NAMES = [("Lily", "She"), ("Tom", "He"), ("Mia", "She"), ("Ben", "He")]
@@ -84,6 +90,43 @@ def test_second_run_reuses_the_cache_and_says_so(tmp_path):
     assert second.from_cache and not first.from_cache
     assert "Reusing" in out and "same inputs and settings" in out
     assert second.meta == first.meta and second.train_path.stat().st_mtime_ns == stamp
+
+
+def test_a_bpe_vocabulary_large_for_the_corpus_gets_one_warning_built_or_reused(tmp_path):
+    write_corpus(tmp_path / "corpus")
+    for _ in range(2):  # tinylm-train reusing what tinylm-prepare wrote warns as well
+        prepared, out = prepare(*configs(tmp_path))
+        tokens = prepared.meta["train_tokens"]
+        warnings = [line for line in out.splitlines() if line.startswith("Warning:")]
+        assert warnings == [
+            f"Warning: the training split holds {tokens:,} tokens, {tokens / 300:.1f} per id of "
+            "the 300-token BPE vocabulary (fewer than 20 per id: most are seen too rarely to "
+            "learn, expect a high val perplexity); use tokenizer=char, or more text"]
+    _, out = prepare(*configs(tmp_path, tokenizer="char"))
+    assert "Warning" not in out
+
+
+@pytest.mark.parametrize("tokens, advice", [
+    (20_000, "use tokenizer.vocab_size=512 or tokenizer=char, or more text"),
+    (50_000, "use tokenizer.vocab_size=2048 or tokenizer=char, or more text"),
+    (5_000, "use tokenizer=char, or more text"),
+    (223_331, None),  # the default run: 55 tokens per id
+])
+def test_the_warning_suggests_a_vocabulary_the_training_text_fills(tokens, advice):
+    lines = []
+    warn_if_small({"tokenizer": "bpe", "vocab_size": 4096, "train_tokens": tokens}, lines.append)
+    assert lines == ([] if advice is None else [lines[0]])
+    assert advice is None or lines[0].endswith(advice)
+
+
+def test_the_corpus_line_names_three_files_and_counts_the_rest(tmp_path):
+    sizes = [len(write_corpus(tmp_path / "corpus", n=20 + i, name=f"part{i}.txt").encode())
+             for i in range(5)]
+    _, out = prepare(*configs(tmp_path, files=["part*.txt"]))
+    line = out.splitlines()[0]
+    shown = ", ".join(f"part{i}.txt ({sizes[i]:,} bytes)" for i in range(3))
+    assert line == (f"Corpus toy: local files under {tmp_path / 'corpus'}: {shown}, "
+                    f"and 2 more ({sum(sizes):,} bytes in all)")
 
 
 @pytest.mark.parametrize("change", ["contents", "val_fraction", "vocab_size"])

@@ -273,7 +273,8 @@ def test_weights_of_another_shape_or_tokenizer_are_refused_naming_the_file(gpt2_
     config_file = gpt2_folder / "config.json"
     config = json.loads(config_file.read_text())
     config_file.write_text(json.dumps({**config, "n_layer": 4}))
-    with pytest.raises(ValueError, match="has no tensor h.3.ln_1.weight: it is not the 4-layer"):
+    with pytest.raises(ValueError, match="n_layer=4, but the model.safetensors beside it holds 3 "
+                                         "layers: they are not one model"):
         load_pretrained(gpt2_folder)
     config_file.write_text(json.dumps({**config, "n_positions": 32}))
     with pytest.raises(ValueError, match="model.safetensors does not fit the model its "
@@ -578,3 +579,113 @@ def test_a_folder_whose_weights_hold_nan_is_refused_naming_the_tensor(gpt2_folde
         load_checkpoint(gpt2_folder)
     assert str(refused.value).startswith(f"{weights} holds NaN or inf in blocks.1.ln_2.weight: ")
     assert len(str(refused.value).splitlines()) == 1
+
+
+# ------------------------------------------------------- crafted folders: one line, fast, no hang
+
+
+@pytest.fixture
+def neo_folder(bpe, tmp_path):
+    """A copy of a random GPT-Neo's folder (4 layers) that the test may change."""
+    reference = _reference("gpt_neo", bpe.vocab_size, bpe.eot_id)
+    reference.save_pretrained(tmp_path / "neo", safe_serialization=True)
+    bpe.save(tmp_path / "neo" / "tokenizer.json")
+    return tmp_path / "neo"
+
+
+def _refused(folder, change):
+    """The one line load_checkpoint refuses `folder` with once its config.json has `change`."""
+    config_file = folder / "config.json"
+    config_file.write_text(json.dumps({**json.loads(config_file.read_text()), **change}))
+    with pytest.raises(ValueError) as refused:
+        load_checkpoint(folder)
+    assert len(str(refused.value).splitlines()) == 1
+    return str(refused.value).removeprefix(f"{config_file}: ")
+
+
+@pytest.mark.parametrize("n_layer", [10**6, 10**9, 0, -1])
+def test_a_layer_count_the_weights_do_not_hold_is_refused_before_anything_is_built(
+        gpt2_folder, n_layer):
+    assert _refused(gpt2_folder, {"n_layer": n_layer}) == (
+        f"n_layer={n_layer}, but the model.safetensors beside it holds 3 layers: they are not "
+        "one model")
+
+
+@pytest.mark.parametrize("types", [
+    [[["global", "local"], 10**9]],
+    [[["global"], 10**9], [["local"], 4 - 10**9]],  # sums to 4, expands to a billion
+    [[["global", "local"], 2.0]], {"global": 4}, [["global", 4]], None,
+])
+def test_gpt_neos_attention_types_are_counted_against_the_weights_before_expanding(
+        neo_folder, types):
+    # transformers saves the expanded attention_layers too: without them, the types are read
+    assert _refused(neo_folder, {"attention_types": types, "attention_layers": None}) == (
+        f'attention_types={types!r} is not supported: it must be [[["global", "local"], repeat],'
+        " ...] making the 4 layers its model.safetensors holds")
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"n_embd": None}, "n_embd=None is not supported: it must be a whole number"),
+    ({"n_embd": {}}, "n_embd={} is not supported: it must be a whole number"),
+    ({"n_head": "4"}, "n_head='4' is not supported: it must be a whole number"),
+    ({"activation_function": []}, "activation_function=[] is not supported: tinylm has gelu"),
+    ({"model_type": ["gpt2"]}, "model_type=['gpt2'] is not one tinylm loads"),
+    ({"n_embd": list(range(1000))}, "n_embd=[0, 1, 2, 3, "),
+])
+def test_crafted_config_values_are_refused_in_one_line_naming_the_key(gpt2_folder, change,
+                                                                      message):
+    line = _refused(gpt2_folder, change)
+    assert line.startswith(message) and len(line) < 200
+
+
+def test_a_deeply_nested_config_json_is_refused_in_one_line(gpt2_folder):
+    config_file = gpt2_folder / "config.json"
+    config_file.write_text("[" * 100_000 + "]" * 100_000)
+    with pytest.raises(ValueError) as refused:
+        load_checkpoint(gpt2_folder)
+    assert str(refused.value) == f"{config_file} is not a JSON config: it is nested too deeply"
+
+
+@pytest.mark.parametrize("kind, tensor", [("gpt2", "h.0.ln_1.weight"),
+                                          ("gpt2", "h.2.attn.c_attn.weight"),
+                                          ("gpt_neo", "h.1.attn.attention.q_proj.weight")])
+def test_a_weight_of_another_rank_or_shape_is_refused_naming_the_tensor(bpe, tmp_path, kind,
+                                                                        tensor):
+    from safetensors import safe_open
+    folder = tmp_path / kind
+    _reference(kind, bpe.vocab_size, bpe.eot_id).save_pretrained(folder, safe_serialization=True)
+    bpe.save(folder / "tokenizer.json")
+    weights = folder / "model.safetensors"
+    with safe_open(str(weights), "pt") as f:
+        tensors = {k: f.get_tensor(k) for k in f.keys()}
+    name = next(k for k in tensors if k.endswith(tensor))
+    tensors[name] = tensors[name].reshape(-1) if tensors[name].dim() == 2 else (
+        tensors[name].reshape(4, -1))
+    save_file(tensors, str(weights), metadata={"format": "pt"})
+    with pytest.raises(ValueError) as refused:
+        load_checkpoint(folder)
+    assert str(refused.value).startswith(
+        f"{weights} does not fit the model its config.json describes: size mismatch for "
+        f"{tensor}: {list(tensors[name].shape)} in the file, the model needs ")
+    assert len(str(refused.value).splitlines()) == 1
+
+
+@pytest.mark.parametrize("name", ["config.json", "model.safetensors", "tokenizer.json"])
+def test_a_fifo_in_a_hugging_face_folder_is_named_and_never_opened(gpt2_folder, name):
+    import signal
+
+    def hung(*_):
+        raise AssertionError(f"load_checkpoint opened the FIFO {name}")
+    (gpt2_folder / name).unlink()
+    os.mkfifo(gpt2_folder / name)
+    previous = signal.signal(signal.SIGALRM, hung)
+    signal.alarm(20)
+    try:
+        with pytest.raises(ValueError) as refused:
+            load_checkpoint(gpt2_folder)
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)
+    assert str(refused.value) == (
+        f"{gpt2_folder / name} is not a regular file (a FIFO, device or folder): put the model's "
+        f"{name} there as a file")

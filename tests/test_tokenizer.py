@@ -1,6 +1,8 @@
 """Tokenizers: training, exact round-trips, character offsets, labels, save/load, bad configs."""
 
 import json
+import random
+import time
 
 import pytest
 from conftest import fill_disk
@@ -57,6 +59,17 @@ def test_bpe_trains_in_a_process_without_stdout(monkeypatch):
 @pytest.mark.parametrize("text", HARD_TEXTS)
 def test_bpe_round_trips_any_text(bpe, text):
     assert bpe.decode(bpe.encode(text)) == text
+
+
+def test_bpe_learns_text_without_whitespace_in_bounded_pieces():
+    # one 2 MB "word" (minified data): whole, the trainer took minutes at full CPU
+    rng = random.Random(0)
+    word = "".join(rng.choice("abcdefghij{}:,") for _ in range(2_000_000))
+    start = time.perf_counter()
+    tok = train_tokenizer(TokenizerConfig(name="bpe", vocab_size=1024), [word])
+    assert time.perf_counter() - start < 20
+    text = f"short words, then {word[:1000]}  {' ' * 600}end"
+    assert tok.decode(tok.encode(text)) == text
 
 
 def test_bpe_offsets_and_labels_describe_the_text(bpe):
@@ -141,6 +154,27 @@ def test_load_tokenizer_refuses_missing_and_foreign_files(tmp_path):
     other.write_text(json.dumps({"hello": 1}))
     with pytest.raises(ValueError, match="other.json is not a tinylm tokenizer"):
         load_tokenizer(other)
+
+
+def test_load_tokenizer_refuses_ids_past_its_vocab_size(bpe, tmp_path):
+    data = json.loads(bpe.hf.to_str())
+    token = next(iter(data["model"]["vocab"]))
+    data["model"]["vocab"][token] = 5000  # still vocab_size entries, one id far past them
+    crafted = tmp_path / "tokenizer.json"
+    crafted.write_text(json.dumps(data))
+    with pytest.raises(ValueError) as err:
+        load_tokenizer(crafted)
+    assert str(err.value).startswith(f"{crafted} gives token {token!r} id 5000, past its "
+                                     f"vocab_size {bpe.vocab_size} ")
+    assert "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize("chars", [["a", ["b"]], ["a", "bc"], "abc"])
+def test_load_tokenizer_refuses_a_char_list_of_other_things(tmp_path, chars):
+    crafted = tmp_path / "tokenizer.json"
+    crafted.write_text(json.dumps({"kind": "tinylm-char", "version": 1, "chars": chars}))
+    with pytest.raises(ValueError, match="without its \"chars\" list of single characters"):
+        load_tokenizer(crafted)
 
 
 @pytest.mark.parametrize("cfg, message", [

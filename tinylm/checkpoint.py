@@ -19,10 +19,10 @@ so a kill at any moment leaves the previous complete checkpoint.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import logging
-import math
 import os
 import re
 import shutil
@@ -37,8 +37,15 @@ import safetensors.torch
 import torch
 import yaml
 from filelock import FileLock, Timeout
-from safetensors import SafetensorError, safe_open
+from safetensors import SafetensorError
 
+from tinylm.checkpoint_configs import (
+    MODEL_RECORD,
+    TOKENIZER_RECORD,
+    read_model_config,
+    read_run_config,
+    recorded,
+)
 from tinylm.files import (
     NotWritten,
     published_atomically,
@@ -61,7 +68,6 @@ LOCK_PID_FILE = ".lock.pid"  # beside it (the lock file itself is truncated by e
 TAGS = ("last", "best")
 # What model.safetensors' metadata records of its checkpoint (JSON values): the model's shape,
 # and the tokenizer's kind, vocab_size and sha256 (of tokenizer.json's bytes).
-MODEL_RECORD, TOKENIZER_RECORD = "tinylm.model", "tinylm.tokenizer"
 _STEP_DIR = re.compile(r"^step-\d+(-\d+)?$")
 
 log = logging.getLogger(__name__)
@@ -92,6 +98,19 @@ class Checkpoint:
     trainer_state_path: Path | None
 
 
+def _resolved(path: Path) -> Path:
+    """path.resolve(), refusing in one line a link that leads back to itself (a tag or step
+    directory linked to itself), where resolve raises RuntimeError("Symlink loop") or, from
+    Python 3.13, returns the loop."""
+    try:
+        path.stat()
+    except OSError as err:
+        if err.errno == errno.ELOOP:
+            raise ValueError(f"{path} is a symbolic link that loops back to itself: remove it, "
+                             "or point it at a checkpoint directory") from None
+    return path.resolve()
+
+
 def tagged(checkpoints: Path, tag: str) -> Path | None:
     """The step directory that checkpoints/<tag> names, which may be missing; None: no such tag.
 
@@ -100,12 +119,12 @@ def tagged(checkpoints: Path, tag: str) -> Path | None:
     """
     path = checkpoints / tag
     if path.is_symlink() or path.is_dir():  # an older run's link, or a checkpoint copied in
-        return path.resolve()  # its place (`cp -r` follows links)
+        return _resolved(path)  # its place (`cp -r` follows links)
     if not path.is_file():
         return None
     with open(path, encoding="utf-8", errors="replace") as f:
         name = f.read(64).strip()
-    return (checkpoints / name).resolve() if _STEP_DIR.match(name) else None
+    return _resolved(checkpoints / name) if _STEP_DIR.match(name) else None
 
 
 def tagged_checkpoint(checkpoints: Path, tag: str) -> Path | None:
@@ -116,7 +135,12 @@ def tagged_checkpoint(checkpoints: Path, tag: str) -> Path | None:
 
 def _remove_unreferenced(checkpoints: Path) -> None:
     """Delete step directories no tag points at (this process's temporary ones are gone)."""
-    keep = {named.name for named in (tagged(checkpoints, tag) for tag in TAGS) if named}
+    keep = set()
+    for tag in TAGS:
+        with suppress(ValueError):  # a tag linked to itself keeps no step
+            named = tagged(checkpoints, tag)
+            if named:
+                keep.add(named.name)
     for entry in checkpoints.iterdir():
         if entry.is_dir() and not entry.is_symlink() and _STEP_DIR.match(entry.name) \
                 and entry.name not in keep:
@@ -274,6 +298,7 @@ def resolve_checkpoint_dir(path: str | Path, prefer: str = "best") -> Path:
     """
     path = Path(path)
     if not path.exists():
+        _resolved(path)  # a link to itself does not "exist" either: say what it is
         raise FileNotFoundError(f"checkpoint path {path} does not exist")
     if (path / WEIGHTS_FILE).exists() or (path / MODEL_CONFIG_FILE).exists():
         # through a `last`/`best` link, read the step directory itself: the link may move on
@@ -305,57 +330,6 @@ def resolve_checkpoint_dir(path: str | Path, prefer: str = "best") -> Path:
         f"{path / CHECKPOINTS_DIR}/best or {path / CHECKPOINTS_DIR}/last")
 
 
-def _recorded(records: dict[str, str], key: str, weights: Path) -> dict:
-    """One of the records save_checkpoint keeps in the weights' metadata; {} in a checkpoint
-    written before there were any (it loads, with the checks that do without)."""
-    try:
-        value = json.loads(records.get(key, "{}"))
-    except json.JSONDecodeError:
-        value = None
-    if not isinstance(value, dict):
-        raise ValueError(f"{weights} holds an unreadable {key} record in its metadata; it is not "
-                         "a checkpoint that tinylm wrote")
-    return value
-
-
-def _read_model_config(file: Path, weights: Path) -> tuple[ModelConfig, dict[str, str]]:
-    """The model config, checked against the weights file before any memory is allocated, and
-    the weights file's metadata."""
-    try:
-        values = json.loads(file.read_text(encoding="utf-8"))
-        config = ModelConfig(**values)
-    except FileNotFoundError:
-        raise FileNotFoundError(f"checkpoint is missing {file}") from None
-    except (json.JSONDecodeError, UnicodeDecodeError, TypeError, ValueError) as err:
-        raise ValueError(f"{file} is not a valid model config: {str(err).splitlines()[0]}"
-                         ) from None
-    if not weights.is_file():
-        raise FileNotFoundError(f"checkpoint is missing its weights file {weights}")
-    # The model the config describes, on the meta device: shapes only, no memory. An absurd
-    # config (n_embd: 400000000) then cannot ask for terabytes: it must match the weights file.
-    with torch.device("meta"):
-        wanted = sum(p.numel() for p in TinyLM(config).parameters())
-    try:
-        with safe_open(str(weights), "pt") as f:
-            stored = sum(math.prod(f.get_slice(k).get_shape()) for k in f.keys())
-            records = f.metadata() or {}
-    except (SafetensorError, OSError) as err:
-        raise ValueError(f"{weights} is not a safetensors file (truncated or corrupt?): "
-                         f"{str(err).splitlines()[0]}") from None
-    if wanted != stored:
-        raise ValueError(f"{file} describes a model of {wanted:,} parameters but {weights} "
-                         f"holds {stored:,}: they are not one checkpoint")
-    # the same number of parameters may still be another model (n_head splits them otherwise)
-    saved = {k: v for k, v in _recorded(records, MODEL_RECORD, weights).items()
-             if getattr(config, k, v) != v}
-    if saved:
-        raise ValueError(f"{file} says {', '.join(f'{k}={getattr(config, k)!r}' for k in saved)}"
-                         f" but {weights} was saved from a model with "
-                         f"{', '.join(f'{k}={v!r}' for k, v in saved.items())}: they are not one "
-                         f"checkpoint; set {', '.join(saved)} back")
-    return config, records
-
-
 def _refuse_non_finite(model: TinyLM, weights: Path) -> None:
     """Raise NonFiniteWeights, naming the tensor, for weights loaded from `weights` that hold
     NaN or inf: every sample and report of such a model would be garbage or a traceback."""
@@ -376,7 +350,7 @@ def load_checkpoint(path: str | Path, device: str | torch.device = "cpu",
         return Checkpoint(directory, model.to(device), model.config, tokenizer, {}, None)
     directory = resolve_checkpoint_dir(path, prefer)
     weights = directory / WEIGHTS_FILE
-    config, records = _read_model_config(directory / MODEL_CONFIG_FILE, weights)
+    config, records = read_model_config(directory / MODEL_CONFIG_FILE, weights)
 
     tokenizer_file = directory / TOKENIZER_FILE
     if not tokenizer_file.is_file():
@@ -385,7 +359,7 @@ def load_checkpoint(path: str | Path, device: str | torch.device = "cpu",
     if tokenizer.vocab_size != config.vocab_size:
         raise ValueError(f"{tokenizer_file} has {tokenizer.vocab_size} tokens but "
                          f"{directory / MODEL_CONFIG_FILE} says vocab_size={config.vocab_size}")
-    saved = _recorded(records, TOKENIZER_RECORD, weights)
+    saved = recorded(records, TOKENIZER_RECORD, weights)
     if saved and _sha256(tokenizer_file) != saved.get("sha256"):
         # as many tokens, other ids: a tokenizer.json copied from another corpus
         raise ValueError(f"{tokenizer_file} is not the tokenizer {weights} was trained with (a "
@@ -402,11 +376,10 @@ def load_checkpoint(path: str | Path, device: str | torch.device = "cpu",
                          f" {err}") from err
     _refuse_non_finite(model, weights)
 
-    run_config_file = directory / RUN_CONFIG_FILE
-    run_config = yaml.safe_load(run_config_file.read_text()) if run_config_file.is_file() else {}
     state = directory / TRAINER_STATE_FILE
     model.to(device).eval()
-    return Checkpoint(directory, model, config, tokenizer, run_config or {},
+    run_config = read_run_config(directory / RUN_CONFIG_FILE)
+    return Checkpoint(directory, model, config, tokenizer, run_config,
                       state if state.is_file() else None)
 
 

@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import stat
 from pathlib import Path
 from typing import NamedTuple
 
@@ -98,7 +100,8 @@ EXPORTED_ACTIVATIONS = {"gelu": "gelu", "gelu_tanh": "gelu_pytorch_tanh"}
 def is_pretrained(path: str | Path) -> bool:
     """Whether `checkpoint=path` names a Hugging Face model (hf:<id>, or a folder with a
     config.json) rather than a tinylm run."""
-    return str(path).startswith(HUB_PREFIX) or (Path(path) / CONFIG_FILE).is_file()
+    # exists, not is_file: a FIFO or folder named config.json is refused by the loader, by name
+    return str(path).startswith(HUB_PREFIX) or (Path(path) / CONFIG_FILE).exists()
 
 
 def fetch(repo_id: str) -> Path:
@@ -138,21 +141,31 @@ def model_name(folder: Path) -> str:
     return repo.removeprefix("models--") if repo else Path(os.path.abspath(folder)).name
 
 
-def model_config(hf: dict, where: Path) -> ModelConfig:
-    """The ModelConfig of a transformers config.json (`hf`, read from `where`); what TinyLM
-    cannot do is refused in one line naming the key."""
+def model_config(hf: dict, where: Path, layers: int) -> ModelConfig:
+    """The ModelConfig of a transformers config.json (`hf`, read from `where`) whose weights file
+    holds `layers` blocks; what TinyLM cannot do is refused in one line naming the key."""
     kind = hf.get("model_type")
-    if kind not in ARCHITECTURES:
+    if not isinstance(kind, str) or kind not in ARCHITECTURES:
         raise ValueError(f"{where}: model_type={kind!r} is not one tinylm loads: gpt2 (GPT-2, "
                          "DistilGPT2) or gpt_neo (GPT-Neo, the TinyStories models)")
     arch = ARCHITECTURES[kind]
     hf = {**arch.defaults, **hf}
 
     def refuse(key: str, rule: str) -> ValueError:
-        return ValueError(f"{where}: {key}={hf.get(key)!r} is not supported: {rule}")
+        return ValueError(f"{where}: {key}={_short(hf.get(key))} is not supported: {rule}")
+    for key in arch.shape.values():
+        if type(hf[key]) is not int:
+            raise refuse(key, "it must be a whole number")
+    # compared before anything is built: a layer count is work and memory, and the weights
+    # file's header already says how many blocks there are
+    n_layer = arch.shape["n_layer"]
+    if hf[n_layer] != layers:
+        raise ValueError(f"{where}: {n_layer}={hf[n_layer]}, but the {WEIGHTS_FILE} beside it "
+                         f"holds {layers} layers: they are not one model")
     if hf[arch.mlp] not in (None, 4 * hf[arch.shape["n_embd"]]):
         raise refuse(arch.mlp, "tinylm's MLP is 4 x n_embd wide")
-    if hf["activation_function"] not in ACTIVATIONS:
+    if not isinstance(hf["activation_function"], str) or (
+            hf["activation_function"] not in ACTIVATIONS):
         raise refuse("activation_function", f"tinylm has {', '.join(ACTIVATIONS)}")
     if hf["layer_norm_epsilon"] != 1e-5:
         raise refuse("layer_norm_epsilon", "tinylm's LayerNorm adds 1e-5")
@@ -161,21 +174,41 @@ def model_config(hf: dict, where: Path) -> ModelConfig:
     for key in ("scale_attn_by_inverse_layer_idx", "add_cross_attention"):
         if hf.get(key):
             raise refuse(key, "tinylm's attention has no such option")
+    if kind == "gpt2":
+        attention = {"attention_scale": hf["scale_attn_weights"]}
+    else:  # GPT-Neo: q·kᵀ unscaled
+        attention = {"attention_scale": False, "window_size": hf["window_size"],
+                     "attention_layers": hf.get("attention_layers") or _neo_layers(
+                         hf["attention_types"], layers, refuse)}
     try:
-        if kind == "gpt2":
-            attention = {"attention_scale": hf["scale_attn_weights"]}
-        else:  # GPT-Neo: q·kᵀ unscaled; [[["global", "local"], 2]] is 4 layers, local 2nd, 4th
-            layers = hf.get("attention_layers") or [
-                layer for kinds, repeat in hf["attention_types"] for _ in range(repeat)
-                for layer in kinds]
-            attention = {"attention_scale": False, "attention_layers": list(layers),
-                         "window_size": hf["window_size"]}
         # no dropout: a pretrained model is loaded to be read, not trained
         return ModelConfig(**{ours: hf[theirs] for ours, theirs in arch.shape.items()},
                            dropout=0.0, bias=True,
                            activation=ACTIVATIONS[hf["activation_function"]], **attention)
     except (TypeError, ValueError) as err:
         raise ValueError(f"{where}: {err}") from None
+
+
+def _neo_layers(types, layers: int, refuse) -> list:
+    """GPT-Neo's attention_types expanded: [[["global", "local"], 2]] is 4 layers, local 2nd
+    and 4th. The count is checked first against the weights' `layers`, since each repeat
+    is a number the file chose."""
+    rule = (f'it must be [[["global", "local"], repeat], ...] making the {layers} layers '
+            f"its {WEIGHTS_FILE} holds")
+    pairs = types if isinstance(types, list) else [None]
+    for pair in pairs:
+        if not (isinstance(pair, list) and len(pair) == 2 and isinstance(pair[0], list)
+                and type(pair[1]) is int and pair[1] >= 0):
+            raise refuse("attention_types", rule)
+    if sum(len(kinds) * repeat for kinds, repeat in types) != layers:
+        raise refuse("attention_types", rule)
+    return [kind for kinds, repeat in types for _ in range(repeat) for kind in kinds]
+
+
+def _short(value) -> str:
+    """repr of a config value, cut to one readable line (a crafted value may be huge)."""
+    text = repr(value)
+    return text if len(text) <= 80 else f"{text[:77]}..."
 
 
 def _table(config: ModelConfig, block: dict) -> dict:
@@ -191,29 +224,69 @@ def _table(config: ModelConfig, block: dict) -> dict:
     return table
 
 
-def _state_dict(file: Path, config: ModelConfig, arch: Architecture
-                ) -> dict[str, torch.Tensor]:
-    """TinyLM's state dict from a transformers safetensors file, by the architecture's table."""
+def _stored_names(f) -> dict[str, str]:
+    """The names in an open safetensors file, without transformers' "transformer." prefix
+    (GPT2LMHeadModel's save has it, the hub's gpt2 not) -> the name as stored."""
+    return {name.removeprefix("transformer."): name for name in f.keys()}
+
+
+def _layers_in(file: Path) -> int:
+    """How many blocks (h.0., h.1., ...) a safetensors file holds, from its header alone."""
+    with safe_open(str(file), "pt") as f:
+        blocks = {m.group(1) for m in map(re.compile(r"h\.(\d+)\.").match, _stored_names(f))
+                  if m}
+    return len(blocks)
+
+
+def _state_dict(file: Path, model: TinyLM, arch: Architecture) -> dict[str, torch.Tensor]:
+    """TinyLM's state dict from a transformers safetensors file, by the architecture's table;
+    each tensor's shape is compared from the header, before it is read, with `model`'s (on
+    the meta device: shapes only)."""
+    needs = {name: tuple(t.shape) for name, t in model.state_dict().items()}
     state = {}
     with safe_open(str(file), "pt") as f:
-        # transformers saves GPT2LMHeadModel's names under "transformer."; the hub's gpt2 not
-        stored = {name.removeprefix("transformer."): name for name in f.keys()}
+        stored = _stored_names(f)
 
-        def read(name: str) -> torch.Tensor:
+        def read(name: str, shape: tuple[int, ...]) -> torch.Tensor:
             if name not in stored:
                 raise ValueError(f"{file} has no tensor {name}: it is not the "
-                                 f"{config.n_layer}-layer model its {CONFIG_FILE} describes")
+                                 f"{model.config.n_layer}-layer model its {CONFIG_FILE} "
+                                 "describes")
+            transposed = name.split(".", 2)[-1] in arch.transposed
+            shape = shape[::-1] if transposed else shape
+            found = tuple(f.get_slice(stored[name]).get_shape())
+            if found != shape:
+                raise ValueError(f"{file} does not fit the model its {CONFIG_FILE} describes: "
+                                 f"size mismatch for {name}: {list(found)} in the file, the "
+                                 f"model needs {list(shape)}")
             tensor = f.get_tensor(stored[name]).float()
-            return tensor.t().contiguous() if name.split(".", 2)[-1] in arch.transposed else tensor
+            return tensor.t().contiguous() if transposed else tensor
 
-        for ours, theirs in _table(config, arch.block).items():
+        for ours, theirs in _table(model.config, arch.block).items():
             if theirs is None:  # a bias the checkpoint does without
-                state[ours] = torch.zeros(state[ours.replace(".bias", ".weight")].size(0))
-            elif isinstance(theirs, tuple):
-                state[ours] = torch.cat([read(name) for name in theirs])
+                state[ours] = torch.zeros(needs[ours])
+            elif isinstance(theirs, tuple):  # stacked along dim 0: q, k, v one after another
+                rows, *rest = needs[ours]
+                part = (rows // len(theirs), *rest)
+                state[ours] = torch.cat([read(name, part) for name in theirs])
             else:
-                state[ours] = read(theirs)
+                state[ours] = read(theirs, needs[ours])
     return state
+
+
+def _regular(file: Path) -> bool:
+    """Whether `file` is there; one that is not a regular file (a FIFO, a device, a folder) is
+    refused from its stat, never opened: reading a FIFO waits for a writer forever."""
+    try:
+        mode = file.stat().st_mode
+    except FileNotFoundError:
+        return False
+    except OSError as err:  # a symlink loop, no permission
+        raise ValueError(f"{file} cannot be read: {err.strerror}") from None
+    if not stat.S_ISREG(mode):
+        raise ValueError(f"{file} is not a regular file (a FIFO, device or folder): put the "
+                         f"model's {file.name} there as a file")
+    return True
 
 
 def load_pretrained(path: str | Path) -> tuple[TinyLM, Tokenizer, Path]:
@@ -221,21 +294,28 @@ def load_pretrained(path: str | Path) -> tuple[TinyLM, Tokenizer, Path]:
     name = str(path)
     folder = fetch(name.removeprefix(HUB_PREFIX)) if name.startswith(HUB_PREFIX) else Path(path)
     config_file, weights = folder / CONFIG_FILE, folder / WEIGHTS_FILE
+    if not _regular(config_file):
+        raise FileNotFoundError(f"{name} has no {CONFIG_FILE}")
     try:
         hf = json.loads(config_file.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise FileNotFoundError(f"{name} has no {CONFIG_FILE}") from None
     except (json.JSONDecodeError, UnicodeDecodeError) as err:
         raise ValueError(f"{config_file} is not a JSON config: {err}") from None
-    config = model_config(hf if isinstance(hf, dict) else {}, config_file)
-    if not weights.is_file():
+    except RecursionError:
+        raise ValueError(f"{config_file} is not a JSON config: it is nested too deeply") from None
+    if not _regular(weights):
         pickled = f", only {PICKLE_FILE}" if (folder / PICKLE_FILE).is_file() else ""
         raise FileNotFoundError(
             f"{name} has no {WEIGHTS_FILE}{pickled}: tinylm loads no pickle, since loading one "
             f"can run any code it holds; convert it once, explicitly: {CONVERT} {name} <folder>,"
             " then pass checkpoint=<folder>")
+    try:
+        layers = _layers_in(weights)
+    except (SafetensorError, OSError) as err:
+        raise ValueError(f"{weights} is not a safetensors file (truncated or corrupt?): "
+                         f"{str(err).splitlines()[0]}") from None
+    config = model_config(hf if isinstance(hf, dict) else {}, config_file, layers)
     tokenizer_file = folder / TOKENIZER_FILE
-    if not tokenizer_file.is_file():
+    if not _regular(tokenizer_file):
         raise FileNotFoundError(f"{name} has no {TOKENIZER_FILE}; GPT-2 and the TinyStories "
                                 f"models share one: put {HUB_PREFIX}gpt2's in a folder with this "
                                 f"model's {CONFIG_FILE} and {WEIGHTS_FILE}, and pass "
@@ -245,19 +325,15 @@ def load_pretrained(path: str | Path) -> tuple[TinyLM, Tokenizer, Path]:
         raise ValueError(f"{tokenizer_file} has {tokenizer.vocab_size} tokens but {config_file} "
                          f"says vocab_size={config.vocab_size}: they are not one model")
 
+    with torch.device("meta"):  # shapes only: the weights come from the file, no init
+        model = TinyLM(config)
     try:
-        state = _state_dict(weights, config, ARCHITECTURES[hf["model_type"]])
+        state = _state_dict(weights, model, ARCHITECTURES[hf["model_type"]])
     except (SafetensorError, OSError) as err:
         raise ValueError(f"{weights} is not a safetensors file (truncated or corrupt?): "
                          f"{str(err).splitlines()[0]}") from None
     state["lm_head.weight"] = state["wte.weight"]
-    with torch.device("meta"):  # shapes only: the weights come from the file, no init
-        model = TinyLM(config)
-    try:
-        model.load_state_dict(state, strict=True, assign=True)
-    except RuntimeError as err:
-        raise ValueError(f"{weights} does not fit the model its {CONFIG_FILE} describes: "
-                         f"{str(err).splitlines()[-1].strip()}") from None
+    model.load_state_dict(state, strict=True, assign=True)
     model.lm_head.weight = model.wte.weight  # tied again: assign gave each its own Parameter
     return model.eval(), tokenizer, folder
 

@@ -18,14 +18,15 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
+from tokenizers import Regex, decoders, models, pre_tokenizers, trainers
 from tokenizers import Tokenizer as HFTokenizer
-from tokenizers import decoders, models, pre_tokenizers, trainers
 
 from tinylm.config import ConfigError, at_least, check, choice, integer
 from tinylm.files import write_text_atomic
 
 EOT = "<|endoftext|>"  # separates documents in the token stream; the model learns "story over"
 N_BYTES = 256  # byte-level BPE starts from one symbol per byte value
+MAX_PIECE = 256  # characters; BPE learns merges within pieces of at most this length
 
 
 @dataclass
@@ -113,7 +114,14 @@ class BPETokenizer(Tokenizer):
         """Learn merges on `texts` up to vocab_size ids; progress bars by default on a terminal."""
         hf = HFTokenizer(models.BPE())
         # No normalizer: text must come back exactly as it went in (NFC would change accents).
-        hf.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+        # Runs of MAX_PIECE characters without whitespace (or of whitespace alone) are cut off
+        # first: the trainer's work grows with the square of a piece's length, and 6 MB of one
+        # "word" (minified data, a script without spaces) took minutes. Shorter runs, all of
+        # ordinary text, pass whole to the byte-level split.
+        long_runs = Regex(rf"\S{{{MAX_PIECE}}}|\s{{{MAX_PIECE}}}")
+        hf.pre_tokenizer = pre_tokenizers.Sequence([
+            pre_tokenizers.Split(long_runs, behavior="isolated"),
+            pre_tokenizers.ByteLevel(add_prefix_space=False)])
         hf.decoder = decoders.ByteLevel()
         trainer = trainers.BpeTrainer(
             vocab_size=vocab_size, special_tokens=[EOT],
@@ -226,6 +234,18 @@ def train_tokenizer(cfg: TokenizerConfig, texts: Iterable[str],
     return BPETokenizer.train(texts, cfg.vocab_size, show_progress=show_progress)
 
 
+def _check_dense_ids(hf: HFTokenizer, path: Path) -> None:
+    """Refuse a BPE file whose ids run past its vocab_size (a count of entries): the model's
+    embedding has vocab_size rows, so such an id would index past its end."""
+    vocab = hf.get_vocab(with_added_tokens=True)
+    token, largest = max(vocab.items(), key=lambda item: item[1], default=("", -1))
+    if largest >= hf.get_vocab_size():
+        raise ValueError(f"{path} gives token {token!r} id {largest}, past its vocab_size "
+                         f"{hf.get_vocab_size()} (ids must run 0..{hf.get_vocab_size() - 1}): the "
+                         "file was altered or is not one tinylm wrote; put back the "
+                         "tokenizer.json of the run or model")
+
+
 def load_tokenizer(path: str | Path) -> Tokenizer:
     """Load a tokenizer.json written by either tokenizer; the file says which kind it is."""
     path = Path(path)
@@ -241,15 +261,20 @@ def load_tokenizer(path: str | Path) -> Tokenizer:
         raise ValueError(f"{path} is not a tokenizer: invalid JSON "
                          f"({getattr(err, 'msg', 'nested too deeply')})") from None
     if isinstance(data, dict) and data.get("kind") == "tinylm-char":
-        if not isinstance(data.get("chars"), list):
-            raise ValueError(f"{path} is a char tokenizer without its \"chars\" list")
-        return CharTokenizer(data["chars"])
+        chars = data.get("chars")
+        if not isinstance(chars, list) or not all(isinstance(c, str) and len(c) == 1
+                                                  for c in chars):
+            raise ValueError(f"{path} is a char tokenizer without its \"chars\" list of "
+                             "single characters")
+        return CharTokenizer(chars)
     if isinstance(data, dict) and isinstance(data.get("model"), dict) \
             and data["model"].get("type") == "BPE":
         try:
-            return BPETokenizer(HFTokenizer.from_str(text))
+            hf = HFTokenizer.from_str(text)
         except Exception as err:  # the Rust side raises plain Exception: "Missing vocab/merges"
             raise ValueError(f"{path} is not a usable BPE tokenizer: "
                              f"{str(err).splitlines()[0]}") from None
+        _check_dense_ids(hf, path)
+        return BPETokenizer(hf)
     raise ValueError(f"{path} is not a tinylm tokenizer: expected a char tokenizer "
                      "(\"kind\": \"tinylm-char\") or an HF tokenizers BPE file")

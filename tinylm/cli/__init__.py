@@ -102,7 +102,7 @@ def command(prog: str, config_name: str, schema: type, run: Callable[[Any], Any]
 
     def start(cfg: DictConfig) -> Any:
         try:
-            refuse_loose_bools(schema)
+            refuse_loose_bools(schema, HydraConfig.get().overrides.task)
             options = build(OmegaConf.to_container(cfg, resolve=True))
         except ConfigError:
             if refused is not None:
@@ -205,10 +205,10 @@ def print_what_stdout_can() -> None:
 # -------------------------------------------------------------------------- bad input, one line
 
 
-def refuse_loose_bools(schema: type) -> None:
+def refuse_loose_bools(schema: type, overrides: list[str]) -> None:
     """Refuse a bool field given anything but true or false: OmegaConf reads "no", "off" or "1"
     as a bool, and a typo must never flip a setting silently."""
-    for override in HydraConfig.get().overrides.task:
+    for override in overrides:
         key, value = key_and_value(override)
         if field_type(schema, key) is bool and value.lower() not in ("true", "false"):
             raise ConfigError(f"{key}={value} is not allowed: must be true or false")

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from tinylm.checkpoint import CHECKPOINTS_DIR, MODEL_CONFIG_FILE
 from tinylm.cli import command
-from tinylm.cli.loading import load_for_command
+from tinylm.cli.loading import checkpoint_required, load_for_command
 from tinylm.config import check, choice
 from tinylm.files import nearest_folder, published_atomically
 from tinylm.pretrained import export_gpt2
@@ -63,6 +63,8 @@ def refuse_out(folder: Path, value: str) -> None:
 def run_export(cfg: ExportConfig, out=None) -> Path:
     """Load the checkpoint, write it as GPT-2 into cfg.out, say where and what works there."""
     out = out or sys.stdout
+    if not cfg.checkpoint:
+        raise ValueError(checkpoint_required())
     if not cfg.checkpoint or not cfg.out:
         raise ValueError("checkpoint= and out= are required: tinylm-export checkpoint=<run dir> "
                          "out=<folder to write>")

@@ -3,11 +3,17 @@ checkpoint or hf:<id>, on the device asked for, then torch's threads, and the st
 
 from __future__ import annotations
 
+import os
+import shlex
+import sys
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
+from hydra.core.hydra_config import HydraConfig
 
-from tinylm.checkpoint import Checkpoint, load_checkpoint
+from tinylm.checkpoint import CHECKPOINTS_DIR, Checkpoint, load_checkpoint, tagged_checkpoint
+from tinylm.cli import key_and_value, shell_word
 from tinylm.device import resolve_device
 from tinylm.train.threads import ThreadChoice, apply_threads, start_sample
 
@@ -31,10 +37,40 @@ def load_for_command(checkpoint: str | None, device: str = "cpu", prefer: str = 
     """Load `checkpoint` (a run directory, one checkpoint directory, or hf:<id>) onto `device`,
     then give torch `threads` (None: leave them as they are)."""
     if not checkpoint:
-        raise ValueError("checkpoint= is required: a run directory or a checkpoint directory")
+        raise ValueError(checkpoint_required())
     # threads=auto watches the cores while the checkpoint loads, and leaves those busy elsewhere
     cpu_sample = start_sample() if threads is not None else None
     resolved = resolve_device(device)
     ckpt = load_checkpoint(checkpoint, device=resolved, prefer=prefer)
     chosen = apply_threads(threads, cpu_sample) if threads is not None else None
     return Loaded(ckpt, resolved, chosen)
+
+
+def checkpoint_required() -> str:
+    """What a command says when checkpoint= is missing: train a run first, and the command to
+    paste for the newest run under runs/ here, if there is one."""
+    said = "checkpoint= is required: a run directory or a checkpoint directory; train one " \
+           "first with tinylm-train"
+    run = newest_run(Path("runs"))
+    if run is None or not HydraConfig.initialized():
+        return said
+    others = [shlex.quote(arg) for arg in sys.argv[1:] if key_and_value(arg)[0] != "checkpoint"]
+    prog = f"tinylm-{HydraConfig.get().job.config_name}"  # each command composes conf/<name>.yaml
+    return f"{said}, or use the newest run here, e.g. " + \
+        " ".join([prog, shell_word("checkpoint", str(run)), *others])
+
+
+def newest_run(runs: Path) -> Path | None:
+    """The run under `runs` (at most four folders deep: runs/multirun/<day>/<time>/<job>) whose
+    last checkpoint was written last; None if none has one."""
+    newest, when = None, 0.0
+    for depth in range(1, 5):
+        for checkpoints in runs.glob("/".join(["*"] * depth + [CHECKPOINTS_DIR])):
+            try:  # a tag a careless folder holds (a link to itself) names no checkpoint
+                last = tagged_checkpoint(checkpoints, "last")
+                written = os.stat(last).st_mtime if last else 0.0
+            except (OSError, RuntimeError, ValueError):
+                continue
+            if written > when:
+                newest, when = checkpoints.parent, written
+    return newest

@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 import contextlib
+import itertools
 import logging
 import logging.handlers
 import os
@@ -22,19 +23,28 @@ import sys
 from pathlib import Path
 
 import torch.distributed as dist
+from hydra import compose, initialize_config_dir
 from hydra.core.hydra_config import HydraConfig
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.errors import HydraException
 from omegaconf import OmegaConf
+from omegaconf.errors import OmegaConfBaseException
 
 from tinylm.checkpoint import CHECKPOINTS_DIR, tagged_checkpoint
 from tinylm.cli import (
     command,
+    config_dir,
     given,
+    one_line,
+    refuse_loose_bools,
+    register,
     run_or_exit,
     run_schema,
     run_schemas,
     same_command_again,
     shell_word,
 )
+from tinylm.config import ConfigError
 from tinylm.corpus import HubError
 from tinylm.files import nearest_folder, write_text_atomic
 from tinylm.train.run_config import RunConfig
@@ -43,6 +53,7 @@ from tinylm.train.trainer import TrainingDiverged, train
 
 PROG = "tinylm-train"
 RUN_DIR_KEY = "hydra.run.dir"
+GROUPS = ("experiment",)  # the config groups without a key of their own
 SWEEP_RECORD = "multirun.yaml"  # what Hydra writes into a sweep's directory before its runs
 # Whether the run directory named on the command line was there before this command: a run that
 # is refused removes only a directory it made.
@@ -181,9 +192,50 @@ def print_next_steps(metrics: dict, cfg: RunConfig) -> None:
           f"  tensorboard --logdir {shlex.quote(run_dir)}")
 
 
+def refuse_a_bad_sweep_job() -> None:
+    """A sweep (-m) checks every job's values before its first job trains: a bad value in a
+    later job would stop the sweep there, and the jobs after it would never run. (Hydra
+    composes every job first, but the values are checked only as each job builds its config.)"""
+    flags = {arg for arg in sys.argv[1:] if arg.startswith("-")}
+    if not flags & {"-m", "--multirun"} or flags - {"-m", "--multirun"}:
+        return  # not a sweep, or one with Hydra's other flags (--config-name): Hydra checks it
+    overrides = [arg for arg in sys.argv[1:] if arg not in flags]
+    try:
+        jobs = sweep_jobs(overrides)
+    except HydraException:
+        return  # a sweep Hydra's basic sweeper refuses too (interval(...)): it says so
+    register(run_schemas())
+    for number, job in enumerate(jobs):
+        try:
+            with initialize_config_dir(config_dir=str(config_dir()), version_base="1.3"):
+                cfg = compose("config", overrides=job)
+            refuse_loose_bools(run_schema(), job)
+            RunConfig.from_config(OmegaConf.to_container(cfg, resolve=True), run_dir="")
+        except ConfigError as err:
+            refused = str(err)
+        except (HydraException, OmegaConfBaseException) as err:
+            refused = one_line(err, run_schema(), GROUPS)
+        else:
+            continue
+        sys.exit(f"{PROG}: error: {refused} (job {number} of the sweep's {len(jobs)}); no job "
+                 "was run")
+
+
+def sweep_jobs(overrides: list[str]) -> list[list[str]]:
+    """Each job's overrides, numbered as Hydra's basic sweeper runs them: every value of each
+    swept key (a,b or range(...)) with every value of the others."""
+    choices = {}
+    for override in OverridesParser.create().parse_overrides(overrides):
+        key = override.get_key_element()
+        values = override.sweep_string_iterator() if override.is_sweep_override() else \
+            [override.get_value_element_as_str()]
+        choices[key] = [f"{key}={value}" for value in values]
+    return [list(job) for job in itertools.product(*choices.values())]
+
+
 compose_and_train = command(
     PROG, "config", run_schema(), run_training, build=run_config, schemas=run_schemas(),
-    groups=("experiment",),
+    groups=GROUPS,
     refused=lambda: remove_new_run_dir(HydraConfig.get().runtime.output_dir))
 
 
@@ -195,6 +247,7 @@ def main() -> None:
     if named is not None:
         run_or_exit(PROG, lambda: nearest_folder(Path(named), RUN_DIR_KEY, named,
                                                  "cannot hold the run"))
+    refuse_a_bad_sweep_job()
     compose_and_train()
 
 
