@@ -442,6 +442,16 @@ def listing(directory):
             for p in sorted(directory.rglob("*")) if p.is_symlink() or p.is_file()}
 
 
+def refusal(root, path) -> str:
+    """load_checkpoint(path)'s one-line refusal, once it is checked that nothing under `root`
+    changed."""
+    before = listing(root)
+    with pytest.raises(ValueError) as refused:
+        load_checkpoint(path)
+    assert listing(root) == before
+    return str(refused.value)
+
+
 @pytest.mark.parametrize("n_layer", [2, 10**9])  # 10^9 layers, even on the meta device, never end
 @pytest.mark.parametrize("recorded", [True, False])
 def test_a_layer_count_the_weights_do_not_hold_is_refused_before_the_model_is_built(
@@ -452,13 +462,9 @@ def test_a_layer_count_the_weights_do_not_hold_is_refused_before_the_model_is_bu
     if not recorded:  # a checkpoint written before the records: the header's names still tell
         safetensors.torch.save_model(model, str(weights))
     config_file.write_text(json.dumps(json.loads(config_file.read_text()) | {"n_layer": n_layer}))
-    before = listing(tmp_path)
-    with pytest.raises(ValueError) as refused:
-        load_checkpoint(directory)
-    assert str(refused.value) == (
+    assert refusal(tmp_path, directory) == (
         f"{config_file} says n_layer={n_layer} but {weights} holds the weights of n_layer=1: "
         "they are not one checkpoint; set n_layer back")
-    assert listing(tmp_path) == before
 
 
 @pytest.mark.parametrize("edit, why", [
@@ -477,11 +483,7 @@ def test_a_crafted_model_config_is_one_line_naming_it(tiny, tmp_path, edit, why)
     if isinstance(edit, dict):
         edit = json.dumps(json.loads(config_file.read_text()) | edit)
     config_file.write_text(edit)
-    before = listing(tmp_path)
-    with pytest.raises(ValueError) as refused:
-        load_checkpoint(directory)
-    assert str(refused.value) == f"{config_file} is not a valid model config: {why}"
-    assert listing(tmp_path) == before
+    assert refusal(tmp_path, directory) == f"{config_file} is not a valid model config: {why}"
 
 
 @pytest.mark.parametrize("looped, given", [("last", "."), ("last", "checkpoints/last"),
@@ -498,13 +500,9 @@ def test_a_tag_or_step_linked_to_itself_is_one_line_naming_it(tiny, tmp_path, mo
         shutil.rmtree(link)
     link.symlink_to(looped)
     monkeypatch.chdir(tmp_path)
-    before = listing(tmp_path)
-    with pytest.raises(ValueError) as refused:
-        load_checkpoint(given)
-    assert str(refused.value) == (
+    assert refusal(tmp_path, given) == (
         f"{os.path.join('checkpoints', looped)} is a symbolic link that loops back to itself: "
         "remove it, or point it at a checkpoint directory")
-    assert listing(tmp_path) == before
 
 
 def test_a_save_beside_a_tag_linked_to_itself_still_completes(tiny, tmp_path):
@@ -527,10 +525,6 @@ def test_a_malformed_config_yaml_is_one_line_naming_it(tiny, tmp_path, content, 
     model, tokenizer = tiny()
     directory = save_checkpoint(tmp_path, model, tokenizer, {"train": {"seed": 1}}, step=1)
     (directory / "config.yaml").write_bytes(content)
-    before = listing(tmp_path)
-    with pytest.raises(ValueError) as refused:
-        load_checkpoint(directory)
-    assert str(refused.value) == (
+    assert refusal(tmp_path, directory) == (
         f"{directory / 'config.yaml'} is not the run config tinylm wrote ({why}): put back the "
         "config.yaml of the run that saved this checkpoint")
-    assert listing(tmp_path) == before

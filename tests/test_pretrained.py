@@ -242,13 +242,18 @@ def test_a_gpt2_tokenizer_json_loads_with_its_endoftext_as_the_last_id(bpe, tmp_
 # --------------------------------------------------------------------------- what is refused
 
 
+def _saved_reference(kind, bpe, folder):
+    """A random `kind` model saved as a Hugging Face folder with the tokenizer, for a test to
+    change."""
+    _reference(kind, bpe.vocab_size, bpe.eot_id).save_pretrained(folder, safe_serialization=True)
+    bpe.save(folder / "tokenizer.json")
+    return folder
+
+
 @pytest.fixture
 def gpt2_folder(bpe, tmp_path):
     """A copy of a random GPT-2's folder that the test may change."""
-    reference = _reference("gpt2", bpe.vocab_size, bpe.eot_id)
-    reference.save_pretrained(tmp_path / "gpt2", safe_serialization=True)
-    bpe.save(tmp_path / "gpt2" / "tokenizer.json")
-    return tmp_path / "gpt2"
+    return _saved_reference("gpt2", bpe, tmp_path / "gpt2")
 
 
 @pytest.mark.parametrize("change, message", [
@@ -587,10 +592,7 @@ def test_a_folder_whose_weights_hold_nan_is_refused_naming_the_tensor(gpt2_folde
 @pytest.fixture
 def neo_folder(bpe, tmp_path):
     """A copy of a random GPT-Neo's folder (4 layers) that the test may change."""
-    reference = _reference("gpt_neo", bpe.vocab_size, bpe.eot_id)
-    reference.save_pretrained(tmp_path / "neo", safe_serialization=True)
-    bpe.save(tmp_path / "neo" / "tokenizer.json")
-    return tmp_path / "neo"
+    return _saved_reference("gpt_neo", bpe, tmp_path / "neo")
 
 
 def _refused(folder, change):
