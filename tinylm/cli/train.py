@@ -205,20 +205,20 @@ def refuse_a_bad_sweep_job() -> None:
     except HydraException:
         return  # a sweep Hydra's basic sweeper refuses too (interval(...)): it says so
     register(run_schemas())
-    for number, job in enumerate(jobs):
-        try:
-            with initialize_config_dir(config_dir=str(config_dir()), version_base="1.3"):
+    with initialize_config_dir(config_dir=str(config_dir()), version_base="1.3"):
+        for number, job in enumerate(jobs):
+            try:
                 cfg = compose("config", overrides=job)
-            refuse_loose_bools(run_schema(), job)
-            RunConfig.from_config(OmegaConf.to_container(cfg, resolve=True), run_dir="")
-        except ConfigError as err:
-            refused = str(err)
-        except (HydraException, OmegaConfBaseException) as err:
-            refused = one_line(err, run_schema(), GROUPS)
-        else:
-            continue
-        sys.exit(f"{PROG}: error: {refused} (job {number} of the sweep's {len(jobs)}); no job "
-                 "was run")
+                refuse_loose_bools(run_schema(), job)
+                RunConfig.from_config(OmegaConf.to_container(cfg, resolve=True), run_dir="")
+            except ConfigError as err:
+                refused = str(err)
+            except (HydraException, OmegaConfBaseException) as err:
+                refused = one_line(err, run_schema(), GROUPS)
+            else:
+                continue
+            sys.exit(f"{PROG}: error: {refused} (job {number} of the sweep's {len(jobs)}); no "
+                     "job was run")
 
 
 def sweep_jobs(overrides: list[str]) -> list[list[str]]:
