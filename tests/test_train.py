@@ -395,7 +395,8 @@ def test_command_line_trains_prints_next_steps_and_refuses_bad_input_in_one_line
     assert "tensorboard --logdir runs/one" in done.stdout
     # the printed generate command works as printed
     (generate,) = [line for line in done.stdout.splitlines() if "tinylm-generate" in line]
-    assert shlex.split(generate)[1:] == ["checkpoint=runs/one", 'prompt="Once upon a time"']
+    # a data=text run: the prompt is its corpus's first words
+    assert shlex.split(generate)[1:] == ["checkpoint=runs/one", 'prompt="Once upon a time,"']
     sample = run_cli("tinylm.cli.generate", *shlex.split(generate)[1:], "max_new_tokens=5",
                      cwd=tmp_path)
     assert sample.returncode == 0 and sample.stdout.startswith("Once upon a time"), sample.stderr

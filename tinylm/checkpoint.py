@@ -48,6 +48,7 @@ from tinylm.checkpoint_configs import (
 )
 from tinylm.files import (
     NotWritten,
+    is_there_as_file,
     published_atomically,
     replaced_atomically,
     reported,
@@ -349,6 +350,11 @@ def load_checkpoint(path: str | Path, device: str | torch.device = "cpu",
         _refuse_non_finite(model, directory / WEIGHTS_FILE)
         return Checkpoint(directory, model.to(device), model.config, tokenizer, {}, None)
     directory = resolve_checkpoint_dir(path, prefer)
+    for name in (MODEL_CONFIG_FILE, WEIGHTS_FILE, TOKENIZER_FILE, RUN_CONFIG_FILE,
+                 TRAINER_STATE_FILE):
+        # refused by name before anything is read: a FIFO waits for a writer forever, and a
+        # link to /dev/zero never ends
+        is_there_as_file(directory / name)
     weights = directory / WEIGHTS_FILE
     config, records = read_model_config(directory / MODEL_CONFIG_FILE, weights)
 

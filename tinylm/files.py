@@ -15,6 +15,7 @@ import os
 import re
 import secrets
 import shutil
+import stat
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 from pathlib import Path
@@ -227,3 +228,18 @@ def write_json_atomic(path: str | Path, data: dict) -> None:
     """Write a report as indented JSON to `path` whole or not at all (tinylm-probe,
     tinylm-bench, the inspection's inspect.json)."""
     write_text_atomic(path, json.dumps(data, indent=2) + "\n")
+
+
+def is_there_as_file(file: Path) -> bool:
+    """Whether `file` is there; one that is not a regular file (a FIFO, a device, a folder) is
+    refused from its stat, never opened: reading a FIFO waits for a writer forever."""
+    try:
+        mode = file.stat().st_mode
+    except FileNotFoundError:
+        return False
+    except OSError as err:  # a symlink loop, no permission
+        raise ValueError(f"{file} cannot be read: {err.strerror}") from None
+    if not stat.S_ISREG(mode):
+        raise ValueError(f"{file} is not a regular file (a FIFO, device or folder): put the "
+                         f"model's {file.name} there as a file")
+    return True

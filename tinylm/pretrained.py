@@ -20,7 +20,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import stat
 from pathlib import Path
 from typing import NamedTuple
 
@@ -28,7 +27,7 @@ import torch
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 
-from tinylm.files import write_json_atomic
+from tinylm.files import is_there_as_file, write_json_atomic
 from tinylm.model import ModelConfig, TinyLM
 from tinylm.tokenizer import EOT, CharTokenizer, Tokenizer, load_tokenizer
 
@@ -274,27 +273,12 @@ def _state_dict(file: Path, model: TinyLM, arch: Architecture) -> dict[str, torc
     return state
 
 
-def _regular(file: Path) -> bool:
-    """Whether `file` is there; one that is not a regular file (a FIFO, a device, a folder) is
-    refused from its stat, never opened: reading a FIFO waits for a writer forever."""
-    try:
-        mode = file.stat().st_mode
-    except FileNotFoundError:
-        return False
-    except OSError as err:  # a symlink loop, no permission
-        raise ValueError(f"{file} cannot be read: {err.strerror}") from None
-    if not stat.S_ISREG(mode):
-        raise ValueError(f"{file} is not a regular file (a FIFO, device or folder): put the "
-                         f"model's {file.name} there as a file")
-    return True
-
-
 def load_pretrained(path: str | Path) -> tuple[TinyLM, Tokenizer, Path]:
     """(model in eval mode on the CPU, tokenizer, folder) of hf:<id> or a Hugging Face folder."""
     name = str(path)
     folder = fetch(name.removeprefix(HUB_PREFIX)) if name.startswith(HUB_PREFIX) else Path(path)
     config_file, weights = folder / CONFIG_FILE, folder / WEIGHTS_FILE
-    if not _regular(config_file):
+    if not is_there_as_file(config_file):
         raise FileNotFoundError(f"{name} has no {CONFIG_FILE}")
     try:
         hf = json.loads(config_file.read_text(encoding="utf-8"))
@@ -302,7 +286,7 @@ def load_pretrained(path: str | Path) -> tuple[TinyLM, Tokenizer, Path]:
         raise ValueError(f"{config_file} is not a JSON config: {err}") from None
     except RecursionError:
         raise ValueError(f"{config_file} is not a JSON config: it is nested too deeply") from None
-    if not _regular(weights):
+    if not is_there_as_file(weights):
         pickled = f", only {PICKLE_FILE}" if (folder / PICKLE_FILE).is_file() else ""
         raise FileNotFoundError(
             f"{name} has no {WEIGHTS_FILE}{pickled}: tinylm loads no pickle, since loading one "
@@ -315,7 +299,7 @@ def load_pretrained(path: str | Path) -> tuple[TinyLM, Tokenizer, Path]:
                          f"{str(err).splitlines()[0]}") from None
     config = model_config(hf if isinstance(hf, dict) else {}, config_file, layers)
     tokenizer_file = folder / TOKENIZER_FILE
-    if not _regular(tokenizer_file):
+    if not is_there_as_file(tokenizer_file):
         raise FileNotFoundError(f"{name} has no {TOKENIZER_FILE}; GPT-2 and the TinyStories "
                                 f"models share one: put {HUB_PREFIX}gpt2's in a folder with this "
                                 f"model's {CONFIG_FILE} and {WEIGHTS_FILE}, and pass "

@@ -12,11 +12,19 @@ label their axes with it) and save to one JSON file that `load_tokenizer` tells 
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
 import sys
+import tempfile
+import threading
+import time
 from abc import ABC, abstractmethod
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from contextlib import suppress
 from dataclasses import dataclass
 from pathlib import Path
+from typing import BinaryIO
 
 from tokenizers import Regex, decoders, models, pre_tokenizers, trainers
 from tokenizers import Tokenizer as HFTokenizer
@@ -112,26 +120,34 @@ class BPETokenizer(Tokenizer):
     def train(cls, texts: Iterable[str], vocab_size: int,
               show_progress: bool | None = None) -> BPETokenizer:
         """Learn merges on `texts` up to vocab_size ids; progress bars by default on a terminal."""
-        hf = HFTokenizer(models.BPE())
-        # No normalizer: text must come back exactly as it went in (NFC would change accents).
-        # Runs of MAX_PIECE characters without whitespace (or of whitespace alone) are cut off
-        # first: the trainer's work grows with the square of a piece's length, and 6 MB of one
-        # "word" (minified data, a script without spaces) took minutes. Shorter runs, all of
-        # ordinary text, pass whole to the byte-level split.
-        long_runs = Regex(rf"\S{{{MAX_PIECE}}}|\s{{{MAX_PIECE}}}")
-        hf.pre_tokenizer = pre_tokenizers.Sequence([
-            pre_tokenizers.Split(long_runs, behavior="isolated"),
-            pre_tokenizers.ByteLevel(add_prefix_space=False)])
-        hf.decoder = decoders.ByteLevel()
-        trainer = trainers.BpeTrainer(
-            vocab_size=vocab_size, special_tokens=[EOT],
-            # all 256 bytes from the start, so text never seen in training still encodes
-            initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-            # in a log file the bars are only blank lines; pythonw has no stdout at all
-            show_progress=(sys.stdout is not None and sys.stdout.isatty())
-            if show_progress is None else show_progress)
-        hf.train_from_iterator(texts, trainer)
-        return cls(hf)
+        # in a log file the bars are only blank lines; pythonw has no stdout at all
+        if show_progress is None:
+            show_progress = sys.stdout is not None and sys.stdout.isatty()
+        # The trainer runs in Rust, minutes on a big corpus, and a Python signal handler runs only
+        # once it returns: Ctrl-C or SIGTERM would wait for it. In a child process it is killed
+        # at once instead, and this process's handlers run between the waits below.
+        with tempfile.TemporaryDirectory(prefix="tinylm-bpe-") as folder:
+            out = Path(folder) / "tokenizer.json"
+            child = subprocess.Popen(
+                [sys.executable, "-c", _CHILD, str(vocab_size), str(int(show_progress)), str(out)],
+                stdin=subprocess.PIPE, bufsize=1 << 20,
+                cwd=Path(__file__).parents[1])  # the child imports this tinylm, not the cwd's
+            try:
+                _send(texts, child.stdin)
+                while child.poll() is None:  # short waits, so that handlers run, on Windows too
+                    time.sleep(0.02)
+            except BaseException:  # Ctrl-C, SIGTERM, an unreadable row: the trainer stops now
+                child.kill()
+                child.wait()
+                raise
+            finally:
+                with suppress(OSError):  # what is still buffered for a killed child: no reader
+                    child.stdin.close()
+            if child.returncode != 0:  # what went wrong is on stderr, above, or it was killed
+                how = f"was killed by {signal.Signals(-child.returncode).name}" \
+                    if child.returncode < 0 else f"ended with exit status {child.returncode}"
+                raise RuntimeError(f"training the BPE tokenizer failed: its process {how}")
+            return cls(HFTokenizer.from_file(str(out)))
 
     @property
     def vocab_size(self) -> int:
@@ -167,6 +183,56 @@ class BPETokenizer(Tokenizer):
 
     def save(self, path: str | Path) -> None:
         write_text_atomic(path, self.hf.to_str(pretty=True))
+
+
+# What BPETokenizer.train runs in its child process (argv: vocab_size, show_progress, out file).
+_CHILD = "from tinylm.tokenizer import _train_in_child; _train_in_child()"
+_END = (1 << 64) - 1  # the length that ends the texts sent to the child
+
+
+def _send(texts: Iterable[str], pipe: BinaryIO) -> None:
+    """Write each text to the child as its UTF-8 length (8 bytes) and bytes, then _END; a
+    child that ended early stops the writing, and its exit status tells why."""
+    with suppress(BrokenPipeError):
+        for text in texts:
+            data = text.encode()
+            pipe.write(len(data).to_bytes(8, "little") + data)
+        pipe.write(_END.to_bytes(8, "little"))
+        pipe.flush()
+
+
+def _received(pipe: BinaryIO) -> Iterator[str]:
+    """The texts _send wrote, in order."""
+    while len(header := pipe.read(8)) == 8 and (size := int.from_bytes(header, "little")) != _END:
+        yield pipe.read(size).decode(errors="replace")  # cut short only where the parent died
+    # The parent closes the pipe once this process has ended. Closed before (the parent was
+    # killed, even by kill -9), nobody waits for this trainer: it ends too, not minutes later.
+    threading.Thread(target=lambda: (os.read(pipe.fileno(), 1), os._exit(1)), daemon=True).start()
+
+
+def _train_in_child() -> None:
+    """The child's side of BPETokenizer.train: texts from stdin, the trained tokenizer saved to
+    the file argv names."""
+    # Ctrl-C reaches every process of the terminal's group: the parent alone decides to stop
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    vocab_size, show_progress, out = sys.argv[1:]
+    hf = HFTokenizer(models.BPE())
+    # No normalizer: text must come back exactly as it went in (NFC would change accents).
+    # Runs of MAX_PIECE characters without whitespace (or of whitespace alone) are cut off
+    # first: the trainer's work grows with the square of a piece's length, and 6 MB of one
+    # "word" (minified data, a script without spaces) took minutes. Shorter runs, all of
+    # ordinary text, pass whole to the byte-level split.
+    long_runs = Regex(rf"\S{{{MAX_PIECE}}}|\s{{{MAX_PIECE}}}")
+    hf.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(long_runs, behavior="isolated"),
+        pre_tokenizers.ByteLevel(add_prefix_space=False)])
+    hf.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=int(vocab_size), special_tokens=[EOT],
+        # all 256 bytes from the start, so text never seen in training still encodes
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=show_progress == "1")
+    hf.train_from_iterator(_received(sys.stdin.buffer), trainer)
+    hf.save(out)
 
 
 class CharTokenizer(Tokenizer):

@@ -124,7 +124,7 @@ class BenchConfig:
     threads: int = 2  # torch threads for every candidate (restored afterwards)
     repeats: int = 5  # timed calls per candidate; the median is reported
     warmup: int = 2  # untimed calls per candidate first
-    seed: int = 0
+    seed: int = 0  # for the random inputs and weights
     out: str | None = None  # where the JSON report goes; None: nowhere
     model: ModelConfig = field(default_factory=lambda: ModelConfig(vocab_size=4096))
     optim: OptimConfig = field(default_factory=OptimConfig)

@@ -16,13 +16,19 @@ dataclasses' own checks (tinylm.config).
 
 from __future__ import annotations
 
+import ast
 import dataclasses
 import errno
+import inspect
+import io
+import itertools
 import os
 import re
 import shlex
 import signal
 import sys
+import textwrap
+import tokenize
 import types
 import typing
 from collections.abc import Callable
@@ -49,6 +55,7 @@ from tinylm.train.run_config import RunConfig
 
 T = TypeVar("T")
 ERRORS = (ValueError, FileNotFoundError)  # what a command reports as bad input, in one line
+SCHEMA = "schema"  # the option a config group's schema is stored as: the base its files extend
 
 
 def config_dir() -> Path:
@@ -64,7 +71,7 @@ def config_dir() -> Path:
 def run_schemas() -> dict[str, type]:
     """The config groups of a training run as the YAML files name their schemas: model/schema
     (conf/model/*.yaml) -> ModelConfig, data/schema -> DataConfig, ..."""
-    return {f"{group}/schema": cls for group, cls in RunConfig.GROUPS.items()}
+    return {f"{group}/{SCHEMA}": cls for group, cls in RunConfig.GROUPS.items()}
 
 
 def run_schema() -> type:
@@ -103,6 +110,7 @@ def command(prog: str, config_name: str, schema: type, run: Callable[[Any], Any]
     def start(cfg: DictConfig) -> Any:
         try:
             refuse_loose_bools(schema, HydraConfig.get().overrides.task)
+            refuse_schema_choice(HydraConfig.get().overrides.task)
             options = build(OmegaConf.to_container(cfg, resolve=True))
         except ConfigError:
             if refused is not None:
@@ -118,6 +126,7 @@ def command(prog: str, config_name: str, schema: type, run: Callable[[Any], Any]
         print_what_stdout_can()
         stop_on_sigterm()
         register(schemas or {f"{config_name}_schema": schema})
+        register_help(prog, config_name, schema, groups)
         # Hydra prints its composition errors over several lines and exits, unless this
         # documented switch asks it to raise them: then they are told here in one line.
         os.environ["HYDRA_FULL_ERROR"] = "1"
@@ -214,6 +223,22 @@ def refuse_loose_bools(schema: type, overrides: list[str]) -> None:
             raise ConfigError(f"{key}={value} is not allowed: must be true or false")
 
 
+def refuse_schema_choice(overrides: list[str]) -> None:
+    """Refuse group=schema: a group's schema is stored as its option `schema` for its files to
+    extend (conf/model/*.yaml start from model/schema), but it is none of the group's choices."""
+    for override in overrides:
+        group, choice = key_and_value(override)
+        if choice == SCHEMA and f"{group}/{SCHEMA}" in run_schemas():
+            raise ConfigError(f"{group}={choice} is not allowed: it is what every {group} option "
+                              f"starts from, not one of them; allowed {group} options: "
+                              f"{', '.join(group_choices(group))}")
+
+
+def group_choices(group: str) -> list[str]:
+    """The options of config group `group`: its files, conf/<group>/*.yaml."""
+    return sorted(path.stem for path in (config_dir() / group).glob("*.yaml"))
+
+
 def field_type(schema: type, key: str) -> Any:
     """The type of the dataclass field at dotted `key` under `schema`; None if there is none."""
     hint: Any = schema
@@ -240,7 +265,7 @@ def one_line(err: Exception, schema: type, groups: tuple[str, ...] = ()) -> str:
     is allowed there (the fields of the schema's dataclasses, a group's options)."""
     if isinstance(err, MissingConfigException) and err.options is not None:
         group = (err.missing_cfg_file or "").split("/")[0]
-        options = sorted(o for o in err.options if o != "schema")  # the base, not a choice
+        options = sorted(o for o in err.options if o != SCHEMA)  # the base, not a choice
         choice = given(group)
         return (f"{f'{group}={choice}' if choice else err.missing_cfg_file}: there is no "
                 f"{err.missing_cfg_file}.yaml; allowed {group} options: "
@@ -293,3 +318,129 @@ def type_rule(owner: Any, key: Any) -> str:
     names = [kinds.get(typing.get_origin(t) or t) for t in options if t is not type(None)]
     rule = "must be " + " or ".join(n for n in names if n)
     return rule + ", or null" if type(None) in options else rule
+
+
+# ------------------------------------------------------------------------------------- --help
+
+NOT_AN_OPTION = "?"  # a value no rule allows: what a field's check says of it is its rule
+HELP_WIDTH = 100
+
+
+def register_help(prog: str, config_name: str, schema: type, groups: tuple[str, ...]) -> None:
+    """Give the template of conf/hydra/help/tinylm.yaml its parts, ${tinylm.help:<part>}, for
+    this command; OmegaConf passes `_root_`, the config composed with the command line."""
+    def part(name: str, _root_: DictConfig) -> str:
+        comment = opening_comment(config_name)
+        parts = {
+            "prog": lambda: prog,
+            "about": lambda: comment[0].strip() if comment else prog,
+            "examples": lambda: "\n".join(f"  {line.strip()}" for line in comment
+                                          if line.startswith("  ") and line.split()[:1] == [prog]),
+            "options": lambda: options_help(schema, groups, _root_),
+        }
+        return parts[name]().replace("$", "$$")  # Hydra fills the template in with $NAME
+    OmegaConf.register_new_resolver("tinylm.help", part, replace=True)
+
+
+def opening_comment(config_name: str) -> list[str]:
+    """The lines of the comment that opens conf/<config_name>.yaml, without their '#': its
+    first line says what the command does; lines `#   <prog> ...` are its examples."""
+    lines = (config_dir() / f"{config_name}.yaml").read_text(encoding="utf-8").splitlines()
+    return [line[1:] for line in itertools.takewhile(lambda line: line.startswith("#"), lines)]
+
+
+def options_help(schema: type, groups: tuple[str, ...], root: DictConfig) -> str:
+    """The options of `schema` as composed in `root`: key=value, what it is (the comment beside
+    its field) and what its check allows; a config group as group=choice and its choices; then
+    the `groups` that have no key of their own."""
+    chosen = root.hydra.runtime.choices
+    values = OmegaConf.to_container(root, resolve=False)
+    described = field_comments(schema)
+    options, chosen_groups = [], []
+    for field in dataclasses.fields(schema):
+        name, kind = field.name, field_type(schema, field.name)
+        if name in chosen:
+            chosen_groups.append((f"{name}={chosen[name]}", f"{summary(kind)}; choices: "
+                                  f"{', '.join(group_choices(name))}"))
+        elif dataclasses.is_dataclass(kind):  # keys in a section of their own (bench's)
+            options.append((f"{name}.<key>=<value>", summary(kind)))
+        else:
+            rule = allowed(schema, name)
+            text = " ".join(filter(None, [described.get(name), rule and f"({rule})"]))
+            options.append((f"{name}={typed(values.get(name))}", text))
+    chosen_groups += [(f"{group}={chosen.get(group) or 'null'}", "a preset: values across "
+                       f"the groups above; choices: {', '.join(group_choices(group))}")
+                      for group in groups]
+    sections = [("Options (key=value: the value in effect):", options),
+                ("Config groups (group=choice; group.key=value sets one of its values):",
+                 chosen_groups)]
+    return "\n\n".join(table(title, rows) for title, rows in sections if rows)
+
+
+def table(title: str, rows: list[tuple[str, str]]) -> str:
+    """`title`, then each (key, text) row with the texts aligned and wrapped to HELP_WIDTH."""
+    width = min(max(len(key) for key, _ in rows), 24)
+    lines = [title]
+    for key, text in rows:
+        lines.append(textwrap.fill(text, HELP_WIDTH, initial_indent=f"  {key:<{width}}  ",
+                                   subsequent_indent=" " * (width + 4), break_on_hyphens=False)
+                     if text else f"  {key}")
+    return "\n".join(lines)
+
+
+def typed(value: Any) -> str:
+    """`value` as an override spells it: null, true, [a,b]."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return str(value).lower()
+    if isinstance(value, list):
+        return f"[{','.join(map(typed, value))}]"
+    return str(value) if value != "" else "''"
+
+
+def summary(cls: type) -> str:
+    """What dataclass `cls` holds: its docstring up to the `;` before it names its YAML files,
+    lowercase as the comments beside fields ("Shape of the model" -> "shape of the model")."""
+    text = " ".join((inspect.getdoc(cls) or "").split(";")[0].split()).rstrip(".")
+    return text[:1].lower() + text[1:] if text[1:2].islower() else text
+
+
+def allowed(schema: type, name: str) -> str:
+    """What field `name` of `schema` allows, in its own check's words (tinylm.config: `key=value
+    is not allowed: <rule>`), e.g. "allowed: best, last"; "" where any value of its type goes."""
+    try:
+        schema(**{name: NOT_AN_OPTION})
+    except Exception as err:  # a rule across fields, or a check that assumes the type: no rule
+        refused = f"{name}={NOT_AN_OPTION!r} is not allowed"
+        if isinstance(err, ConfigError) and str(err).startswith(refused):
+            return str(err).removeprefix(refused).lstrip(":; ").removeprefix("must be ")
+    return ""
+
+
+def field_comments(cls: type) -> dict[str, str]:
+    """The comment beside each field of dataclass `cls` in its source, or for a field with none
+    there, the comment lines right above it: where each option is described, once."""
+    try:
+        source = textwrap.dedent(inspect.getsource(cls))
+    except (OSError, TypeError):  # made at run time (run_schema()): no source, no comments
+        return {}
+    comments = {token.start[0]: token for token in
+                tokenize.generate_tokens(io.StringIO(source).readline)
+                if token.type == tokenize.COMMENT}
+
+    def text(row: int) -> str:
+        return comments[row].string.lstrip("#").strip()
+
+    def whole_line(row: int) -> bool:
+        return row in comments and comments[row].line.lstrip().startswith("#")
+
+    described = {}
+    for node in ast.parse(source).body[0].body:
+        if not (isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name)):
+            continue
+        beside = [text(row) for row in range(node.lineno, node.end_lineno + 1)
+                  if row in comments and not whole_line(row)]
+        above = list(itertools.takewhile(whole_line, range(node.lineno - 1, 0, -1)))[::-1]
+        described[node.target.id] = " ".join(beside or map(text, above))
+    return described

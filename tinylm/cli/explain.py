@@ -55,15 +55,15 @@ class ExplainConfig:
     k: list | None = None  # keys (T_k, d); default: K = Q
     v: list | None = None  # values (T_k, d_v); default: V = K, or the example's V
     qkv_file: str | None = None  # JSON/YAML mapping with q, k, v (or x for n_head mode)
-    causal: bool = False
+    causal: bool = False  # hide the future: the causal mask
     n_head: int | None = None  # set: multi-head mode (MultiHeadAttention on x)
     d_model: int | None = None  # multi-head width when x is random (default 4)
     x: list | None = None  # multi-head input (T, d_model); default seeded random
     seed: int = 0  # for the random x and projection weights of n_head mode
     checkpoint: str | None = None  # run dir / checkpoint dir: explain a trained head
-    text: str | None = None
-    layer: int = 0
-    head: int = 0
+    text: str | None = None  # checkpoint mode: the text whose attention is explained
+    layer: int = 0  # checkpoint mode: the layer of the head explained
+    head: int = 0  # checkpoint mode: the head explained
     query: int | str | None = None  # row to walk through: index, or a word in checkpoint mode
     top: int = 8  # checkpoint mode: longer rows are shortened to the `top` largest weights
     digits: int = 4  # decimals shown

@@ -52,13 +52,13 @@ class GenerateConfig:
     checkpoint: str | None = None  # a run directory, its checkpoints/, or one checkpoint directory
     prompt: str | None = ""  # empty: start from <|endoftext|>, i.e. a fresh story
     prompt_file: str | None = None  # read the prompt from this file instead
-    max_new_tokens: int = 200
+    max_new_tokens: int = 200  # tokens to sample after the prompt
     temperature: float = 0.8  # 0 = greedy (always the most likely token)
     top_k: int | None = None  # sample only among the k most likely tokens
     top_p: float | None = None  # nucleus: the fewest tokens whose probabilities sum to >= top_p
-    seed: int = 1337
-    num_samples: int = 1
-    device: str = "auto"
+    seed: int = 1337  # sampling seed: the same seed and options give the same text
+    num_samples: int = 1  # texts to sample from the prompt
+    device: str = "auto"  # auto (cuda where there is one, else cpu), cpu, cuda, cuda:N, mps
     use_cache: bool = True  # false: recompute the whole context at every step (slow, for checks)
     prefer: str = "best"  # which checkpoint of a run: best or last
     inspect: bool = False  # write every head's attention over the text to TensorBoard

@@ -38,14 +38,14 @@ class ProbeConfig:
     """Options of tinylm-probe; the schema of conf/probe.yaml (defaults: here only)."""
 
     checkpoint: str | None = None  # a run directory, its checkpoints/, or one checkpoint directory
-    # JSONL file(s); None: the shipped data/probes/ sets. Any: OmegaConf has no "str or list"
-    probe_file: Any = None
+    # Any: OmegaConf has no "str or list"
+    probe_file: Any = None  # JSONL file(s); None: the shipped data/probes/ sets
     out: str | None = None  # the JSON report; None: <logdir>/probe.json
     logdir: str | None = None  # TensorBoard heatmaps; None: <run dir>/probe/<timestamp>
     ablate: bool = False  # zero each head in turn and measure the agreement margins
     top_heads: int = 5  # rows of the console ablation table
     batch_size: int = 64  # sequences per forward pass
-    device: str = "auto"
+    device: str = "auto"  # auto (cuda where there is one, else cpu), cpu, cuda, cuda:N, mps
     prefer: str = "best"  # which checkpoint of a run: best or last
     threads: int | str = "auto"  # torch intra-op threads; auto: the idle usable cores
 

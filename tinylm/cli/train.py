@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import itertools
 import logging
 import logging.handlers
@@ -20,12 +21,15 @@ import shlex
 import shutil
 import signal
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import torch.distributed as dist
+import yaml
 from hydra import compose, initialize_config_dir
 from hydra.core.hydra_config import HydraConfig
 from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.core.override_parser.types import Override
 from hydra.errors import HydraException
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
@@ -35,8 +39,10 @@ from tinylm.cli import (
     command,
     config_dir,
     given,
+    key_and_value,
     one_line,
     refuse_loose_bools,
+    refuse_schema_choice,
     register,
     run_or_exit,
     run_schema,
@@ -45,9 +51,9 @@ from tinylm.cli import (
     shell_word,
 )
 from tinylm.config import ConfigError
-from tinylm.corpus import HubError
+from tinylm.corpus import HubError, data_root, resolve_files
 from tinylm.files import nearest_folder, write_text_atomic
-from tinylm.train.run_config import RunConfig
+from tinylm.train.run_config import RunConfig, TrainConfig
 from tinylm.train.runtime import TrainingInterrupted, init_distributed
 from tinylm.train.trainer import TrainingDiverged, train
 
@@ -55,6 +61,14 @@ PROG = "tinylm-train"
 RUN_DIR_KEY = "hydra.run.dir"
 GROUPS = ("experiment",)  # the config groups without a key of their own
 SWEEP_RECORD = "multirun.yaml"  # what Hydra writes into a sweep's directory before its runs
+RECORDED_OVERRIDES = Path(".hydra") / "overrides.yaml"  # a run's command line (start_record)
+# What a resume may give other values than the run was started with: how long and where it
+# runs and how often it logs and saves, not what it computes (train.max_steps rebuilds the
+# learning-rate schedule: resume.py)
+RESUME_MAY_CHANGE = ("train.max_steps", "train.threads", "train.device", "train.compile",
+                     "train.log_interval", "train.checkpoint_interval")
+NOT_RECORDED = object()  # a key the run's record has no value for
+PROMPT_WORDS = 4  # a data=text run samples from this many words of its corpus's first line
 # Whether the run directory named on the command line was there before this command: a run that
 # is refused removes only a directory it made.
 named_run_dir_existed = False
@@ -62,8 +76,31 @@ named_run_dir_existed = False
 
 def run_config(values: dict) -> RunConfig:
     """Every dataclass of the run, checked, writing to Hydra's run directory (rank 0's under
-    torchrun)."""
-    return RunConfig.from_config(values, shared_run_dir(HydraConfig.get().runtime.output_dir))
+    torchrun); a data=text run samples from its own corpus's opening words."""
+    hydra = HydraConfig.get()
+    cfg = RunConfig.from_config(values, shared_run_dir(hydra.runtime.output_dir))
+    given_prompt = any(key_and_value(o)[0] == "train.sample_prompt" for o in hydra.overrides.task)
+    # the default is TinyStories' opening, which would make no sense of another corpus
+    if hydra.runtime.choices.get("data") == "text" and not given_prompt and \
+            cfg.train.sample_prompt == TrainConfig.sample_prompt:
+        opening = corpus_opening(cfg)
+        if opening:
+            cfg.train = dataclasses.replace(cfg.train, sample_prompt=opening)
+    return cfg
+
+
+def corpus_opening(cfg: RunConfig) -> str | None:
+    """The first words of the first non-empty line of a local corpus's first file (where its
+    training text starts); None if the files cannot be read (preparing the data says why)."""
+    root, why = data_root(cfg.data.data_root)
+    try:
+        first = resolve_files(root, cfg.data.files, cfg.data.name, why)[0]
+        with open(first, "rb") as f:
+            head = f.read(1 << 16).decode("utf-8", errors="ignore")  # a line, not the corpus
+    except (OSError, ValueError, IndexError):
+        return None
+    line = next((line for line in head.splitlines() if line.strip()), "")
+    return " ".join(line.split()[:PROMPT_WORDS])[:100] or None
 
 
 def remove_new_run_dir(run_dir: str | Path) -> None:
@@ -192,6 +229,119 @@ def print_next_steps(metrics: dict, cfg: RunConfig) -> None:
           f"  tensorboard --logdir {shlex.quote(run_dir)}")
 
 
+def resume_as_started(run_dir: Path) -> None:
+    """Make `train.resume=true hydra.run.dir=<run>` continue the run as it was started: the
+    overrides it recorded go first on the command line that Hydra reads (sys.argv), then those
+    given now. One given now must repeat the run's value (RESUME_MAY_CHANGE aside), else the
+    command is refused in one line naming each that differs."""
+    args = sys.argv[1:]
+    if {"-m", "--multirun"} & set(args):
+        return  # a sweep's jobs record their own overrides; a resume is of one run
+    try:
+        now = OverridesParser.create().parse_overrides([a for a in args if a[:1] != "-"])
+    except HydraException:
+        return  # Hydra refuses it in one line
+    if not any(o.key_or_group == "train.resume" and o.value() is True for o in now) or \
+            not (run_dir / RECORDED_OVERRIDES).exists():
+        return
+    base = {(o.key_or_group, o.package): o for o in recorded_overrides(run_dir)
+            if o.key_or_group != "train.resume"}
+    started = started_values(run_dir)
+    added, differing = [], []  # one given again with the run's value adds nothing: dropped
+    for o in now:
+        key = (o.key_or_group, o.package)
+        recorded = base.get(key)
+        if o.key_or_group in (*RESUME_MAY_CHANGE, "train.resume") or o.is_hydra_override():
+            base.pop(key, None)
+            added.append(o)
+        elif (recorded.type != o.type or recorded.value() != o.value()) if recorded else \
+                started(o.key_or_group) != o.value():
+            was = value_text(recorded) if recorded else shown(started(o.key_or_group))
+            differing.append(f"{o.get_key_element()}: {was} when the run started, "
+                             f"{value_text(o)} now")
+    if differing:
+        given_keys = {(o.key_or_group, o.package) for o in now}
+        kept = [o.input_line for key, o in base.items() if key not in given_keys]
+        changed = [o.input_line for o in now if o.key_or_group not in ("train.resume",
+                                                                         RUN_DIR_KEY)]
+        new_run = " ".join([PROG, shell_word("train.resume", str(run_dir)),
+                            *map(shlex.quote, kept + changed)])
+        n = len(differing)
+        raise ConfigError(
+            f"train.resume=true continues {run_dir} as it was started "
+            f"({run_dir / RECORDED_OVERRIDES}), and {n} override{'s' if n > 1 else ''} given "
+            f"now {'differ' if n > 1 else 'differs'}: {'; '.join(differing)}; drop "
+            f"{'them' if n > 1 else 'it'} to continue that run (only "
+            f"{', '.join(RESUME_MAY_CHANGE)} may change), or start a new run from its last "
+            f"checkpoint: {new_run}")
+    flags = [arg for arg in args if arg[:1] == "-"]
+    sys.argv[1:] = [*flags, *(o.input_line for o in base.values()),
+                    *(o.input_line for o in added)]
+
+
+def value_text(override: Override) -> str:
+    """The value of `override` as typed (key=value), or the whole of a deletion (~key)."""
+    key, equals, value = override.input_line.partition("=")
+    return value if equals else key
+
+
+def shown(value: object) -> str:
+    """A value of the run's record as the message says it."""
+    return "not set" if value is NOT_RECORDED else "null" if value is None else str(value)
+
+
+def read_record(file: Path) -> object:
+    """A YAML file of a run's .hydra/ record, parsed; ValueError if it cannot be one."""
+    if not file.is_file() or file.stat().st_size > 1 << 20:  # a FIFO would block the read
+        raise ValueError(f"{file} is not a file of a few KB")
+    try:
+        return yaml.safe_load(file.read_text(encoding="utf-8"))
+    except (OSError, yaml.YAMLError, RecursionError) as err:
+        raise ValueError(f"{file}: {type(err).__name__}") from None
+
+
+def recorded_overrides(run_dir: Path) -> list[Override]:
+    """The overrides a run was started with, as .hydra/overrides.yaml records them (a YAML list
+    of strings, none of Hydra's own settings); anything else is refused in one line naming the
+    file: a crafted one could set Hydra's callbacks, which run code."""
+    file = run_dir / RECORDED_OVERRIDES
+    try:
+        lines = read_record(file)
+        if not isinstance(lines, list) or not all(isinstance(line, str) for line in lines):
+            raise ValueError(file)
+        overrides = OverridesParser.create().parse_overrides(lines)
+        if any(o.is_hydra_override() or o.key_or_group == "hydra" for o in overrides):
+            raise ValueError(file)  # Hydra records those in hydra.yaml, never here
+        return overrides
+    except (ValueError, HydraException):
+        raise ConfigError(f"{file} is not the list of overrides a run records; restore it, or "
+                          "remove it and give the run's overrides again with train.resume=true"
+                          ) from None
+
+
+def started_values(run_dir: Path) -> Callable[[str], object]:
+    """What a key was when the run started, as its .hydra/ record says: a group's choice
+    (hydra.yaml: data -> tinystories), else a config value (config.yaml); NOT_RECORDED where
+    neither says."""
+    def record(name: str) -> object:
+        with contextlib.suppress(ValueError):
+            return read_record(run_dir / ".hydra" / name)
+        return None
+
+    config, choices = record("config.yaml"), dig(record("hydra.yaml"), "hydra.runtime.choices")
+    choices = choices if isinstance(choices, dict) else {}
+    return lambda key: choices[key] if key in choices else dig(config, key)
+
+
+def dig(tree: object, key: str) -> object:
+    """tree["a"]["b"] for the key "a.b"; NOT_RECORDED where there is no such entry."""
+    for part in key.split("."):
+        if not isinstance(tree, dict) or part not in tree:
+            return NOT_RECORDED
+        tree = tree[part]
+    return tree
+
+
 def refuse_a_bad_sweep_job() -> None:
     """A sweep (-m) checks every job's values before its first job trains: a bad value in a
     later job would stop the sweep there, and the jobs after it would never run. (Hydra
@@ -210,6 +360,7 @@ def refuse_a_bad_sweep_job() -> None:
             try:
                 cfg = compose("config", overrides=job)
                 refuse_loose_bools(run_schema(), job)
+                refuse_schema_choice(job)
                 RunConfig.from_config(OmegaConf.to_container(cfg, resolve=True), run_dir="")
             except ConfigError as err:
                 refused = str(err)
@@ -247,6 +398,7 @@ def main() -> None:
     if named is not None:
         run_or_exit(PROG, lambda: nearest_folder(Path(named), RUN_DIR_KEY, named,
                                                  "cannot hold the run"))
+        run_or_exit(PROG, lambda: resume_as_started(Path(named)))
     refuse_a_bad_sweep_job()
     compose_and_train()
 

@@ -4,14 +4,21 @@ hold in memory (optimizer and scaler states, step, best val loss, tokens seen, a
 sampler, RNG states and thread count), so that on CPU a resumed run continues bit for bit.
 
     directory = checkpoint_to_resume(run_dir, train.resume)            # None: a fresh run
-    state = restore(directory, run_config, tokenizer_file, model, optimizer, scaler)
+    state = restore(directory, run_config, tokenizer_file, model, optimizer, scaler, warn)
     restore_rank(state, rank, sampler, device)
+
+A resume with another train.max_steps than the checkpoint's keeps the schedule's shape (warmup,
+cosine to min_lr) and rebuilds it for the new max_steps, from the step it resumes at: the
+learning rate jumps there, and `warn` says from what to what (nothing changes where
+optim.lr_decay_steps fixes the schedule).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import pickle
+import shlex
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -28,6 +35,7 @@ from tinylm.checkpoint import (
 )
 from tinylm.config import ConfigError
 from tinylm.data import BatchSampler
+from tinylm.train.optim import OptimConfig, lr_at
 
 TRAINER_STATE_KEYS = ("step", "best_val_loss", "tokens_seen", "world_size", "optimizer", "scaler",
                       "sampler", "rng_cpu", "rng_cuda")
@@ -40,8 +48,9 @@ def checkpoint_to_resume(run_dir: Path, resume: bool | str) -> Path | None:
     if resume is False:
         if has_checkpoints:
             raise ConfigError(f"{run_dir} already holds checkpoints ({checkpoints}); continue "
-                              f"that run with train.resume=true hydra.run.dir={run_dir}, or "
-                              "start a new one in another hydra.run.dir")
+                              "that run with train.resume=true "
+                              f"{shlex.quote(f'hydra.run.dir={run_dir}')}, or start a new one "
+                              "in another hydra.run.dir")
         return None
     if resume is True:
         if not has_checkpoints:
@@ -85,6 +94,24 @@ def check_resume_matches(ckpt: Checkpoint, run_config: dict, tokenizer_file: Pat
                           f"config: {'; '.join(differences)}")
     if not (ckpt.directory / TRAINER_STATE_FILE).is_file():
         raise ConfigError(f"cannot resume from {ckpt.directory}: it has no {TRAINER_STATE_FILE}")
+
+
+def schedule_change(ckpt: Checkpoint, optim: OptimConfig, max_steps: int, step: int) -> str | None:
+    """One line on the learning rate of a resume at `step` with another train.max_steps than the
+    checkpoint's run had; None if it has the same (or leaves no step, which is refused)."""
+    saved = ckpt.run_config.get("train", {}).get("max_steps")
+    if not isinstance(saved, int) or saved == max_steps or step >= max_steps:
+        return None
+    before, after = lr_at(step, optim, saved), lr_at(step, optim, max_steps)
+    change = f"train.max_steps={max_steps} (the run had {saved}): "
+    if optim.lr_decay_steps:
+        return change + (f"the learning-rate schedule stays as it was, set by "
+                         f"optim.lr_decay_steps={optim.lr_decay_steps} ({after:.3g} after step "
+                         f"{step}, optim.min_lr={optim.min_lr:g} from step "
+                         f"{optim.lr_decay_steps} on)")
+    return change + (f"the learning-rate schedule is rebuilt to decay to optim.min_lr at step "
+                     f"{max_steps}, so where it resumes, after step {step}, the learning rate "
+                     f"goes from {before:.3g} to {after:.3g}")
 
 
 def rank_state(sampler: BatchSampler, device: torch.device, threads: int) -> dict:
@@ -137,9 +164,10 @@ def load_trainer_state(file: Path) -> dict:
 
 
 def restore(directory: Path, run_config: dict, tokenizer_file: Path, model: torch.nn.Module,
-            optimizer, scaler) -> dict:
+            optimizer, scaler, warn: Callable[[str], None] = lambda line: None) -> dict:
     """Load `directory`'s weights into `model` and its optimizer and scaler states into
-    `optimizer` and `scaler`, once it is checked to fit this run; returns the trainer state."""
+    `optimizer` and `scaler`, once it is checked to fit this run; returns the trainer state.
+    `warn` gets the line on a learning-rate schedule changed by another train.max_steps."""
     ckpt = load_checkpoint(directory, device="cpu")
     check_resume_matches(ckpt, run_config, tokenizer_file)
     model.load_state_dict(ckpt.model.state_dict())
@@ -150,5 +178,9 @@ def restore(directory: Path, run_config: dict, tokenizer_file: Path, model: torc
     except (ValueError, KeyError, TypeError, RuntimeError) as err:
         raise ValueError(f"{ckpt.trainer_state_path} does not fit this run's optimizer: "
                          f"{str(err).splitlines()[0]}") from None
+    change = schedule_change(ckpt, OptimConfig(**run_config["optim"]),
+                             run_config["train"]["max_steps"], state["step"])
+    if change:
+        warn(change)
     return state
 

@@ -40,7 +40,9 @@ class TrainConfig:
     precision: str = "auto"  # auto | fp32 | bf16 | fp16 (see runtime.resolve_precision)
     compile: bool = False  # torch.compile the model
     resume: bool | str = False  # False | True (this run dir's last checkpoint) | a checkpoint path
-    sample_prompt: str = "Once upon a time"  # continued at each evaluation, into TensorBoard
+    # continued at each evaluation, into TensorBoard; a data=text run that sets none continues
+    # its corpus's first words (cli/train.py)
+    sample_prompt: str = "Once upon a time"
     sample_tokens: int = 64  # 0: no sample
     probe_prompt: str = "Lily and Tom went to the park. She"  # attention maps; "": none
     threads: int | str = "auto"  # torch intra-op threads; auto: the idle usable cores (threads.py)

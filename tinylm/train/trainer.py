@@ -312,7 +312,7 @@ class Trainer:
 
     def _resume(self, directory: Path, tokenizer_file: Path) -> None:
         state = restore(directory, self.run_config.to_dict(), tokenizer_file, self.model,
-                        self.optimizer, self.scaler)
+                        self.optimizer, self.scaler, log.warning if self.is_main else log.debug)
         self.step, self.best_val = state["step"], state["best_val_loss"]
         if self.step >= self.t.max_steps:  # no step would run, and so no checkpoint be written
             raise ConfigError(f"cannot resume from {directory}: it is at step {self.step}, and "
