@@ -96,7 +96,6 @@ TEMPERATURE = "must be 0 (greedy) or a finite number >= 0.001"
     ("generate", "temperature=1e-45", TEMPERATURE),
     ("generate", "top_k=2.5", "must be an integer, or null"),
     ("generate", "seed=abc", "must be an integer"),
-    ("probe", "ablate=yes", BOOL),
     ("explain", "causal=1", BOOL),
     ("bench", "repeats=many", "must be an integer"),
     ("config", "data.files=notes.txt", "must be a list, e.g. [a, b]"),
@@ -105,6 +104,15 @@ def test_wrong_types_and_ranges_are_refused_in_one_line(config_name, override, r
                                                         monkeypatch, tmp_path):
     assert refused(config_name, override, monkeypatch, tmp_path) == \
         f"{override} is not allowed: {rule}"
+
+
+@pytest.mark.parametrize("override, said", [
+    ("ablate=yes", "ablate='yes' is not allowed; allowed: false, true, zero, mean"),
+    ("patch=1", "patch=1 is not allowed: must be true or false or a string"),  # not the flag
+    ("patch=exact", "patch='exact' is not allowed; allowed: false, true, fast"),
+])
+def test_a_flag_that_also_takes_words_names_every_value(override, said, monkeypatch, tmp_path):
+    assert refused("probe", override, monkeypatch, tmp_path) == said
 
 
 @pytest.mark.parametrize("sweep, message", [

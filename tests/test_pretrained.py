@@ -557,14 +557,20 @@ def test_every_tool_runs_on_a_loaded_model_of_12_x_12_heads(bpe, tmp_path, monke
     assert len(layer_images) == 12 and not list((logdir / "attention").rglob("head_*.png"))
 
     items = tmp_path / "items.jsonl"  # one of each kind: the ablation passes over 144 heads
+    # a name of the other gender with as many tokens as Tom's, for the patching pair
+    partner = next(name for name in ("Amy", "Sue", "Mia", "Zoe", "Ann")
+                   if len(bpe.encode(f"{name} ran.")) == len(bpe.encode("Tom ran.")))
     items.write_text(json.dumps({"text": "Lily saw Tom. She ran.", "pronoun_char": 14,
                                  "antecedent_chars": [0], "distractor_chars": [9]}) + "\n"
                      + json.dumps({"text": "Tom ran. He sat.", "pronoun_char": 9,
-                                   "antecedent_chars": [0], "wrong_pronoun": "she"}) + "\n")
-    command(tinylm.cli.probe, f"checkpoint={folder}", f"probe_file={items}", "ablate=true")
+                                   "antecedent_chars": [0], "wrong_pronoun": "she",
+                                   "counterfactual": f"{partner} ran. She sat."}) + "\n")
+    command(tinylm.cli.probe, f"checkpoint={folder}", f"probe_file={items}", "ablate=mean",
+            "patch=true")
     (report,) = (tmp_path / "runs" / "pretrained" / kind / "probe").glob("*/probe.json")
     probe = json.loads(report.read_text())
-    assert len(probe["heads"]) == len(probe["ablation"]) == 144 and probe["evidence"]
+    assert len(probe["heads"]) == len(probe["ablation"]) == len(probe["mean_ablation"]) == 144
+    assert probe["evidence"] and len(probe["patching"]["heads"]) == 144
 
     said = command(tinylm.cli.explain, f"checkpoint={folder}", "layer=11", "head=11",
                   'text="Lily saw Tom. She laughed and he ran to the big red ball"')

@@ -45,7 +45,7 @@ from tinylm.inspection.probe_items import (
 )
 from tinylm.inspection.probe_report import format_report
 from tinylm.inspection.tensorboard_plugin import PROBE_PLUGIN_NAME
-from tinylm.inspection.tensorboard_plugin.summary import PROBE_TAG
+from tinylm.inspection.tensorboard_plugin.summary import PATCHING_TAG, PROBE_TAG
 from tinylm.model import LMOutput, TinyLM
 from tinylm.tokenizer import CharTokenizer
 
@@ -286,7 +286,8 @@ def test_evidence_flags_heads_high_on_both_attention_and_margin_loss():
     # twice the median attention (0.2): heads 0 and 1; a loss of 0.1 nats or more: 0 and 2
     assert [r["agrees"] for r in rows] == [True] + [False] * 7
     assert rows[2] == {"layer": 0, "head": 2, "mean_attention": 0.1, "delta_mean_margin": -0.5,
-                       "agrees": False}
+                       "delta_mean_margin_mean": None, "patching_effect": None,
+                       "singled_out_by": ["zeroed"], "agrees": False}
     small = [{**a, "delta_mean_margin": -0.05} for a in ablation]  # a loss that is only noise
     assert not any(r["agrees"] for r in evidence(attention, small))
 
@@ -575,6 +576,23 @@ def test_each_kind_alone_reports_what_it_can(run_dir, tmp_path, capsys):
     assert json.loads((tmp_path / "b.json").read_text()) == report
 
 
+def test_patching_without_a_pair_says_why_and_writes_the_rest(run_dir, bpe, tmp_path, capsys):
+    # a partner one token longer: the pair would misalign every position, so it is skipped
+    clean = "Tom ran. He sat."
+    longer = next(name for name in ("Amy", "Sue", "Mia", "Zoe", "Ann", "Anna", "Lily", "Sarah")
+                  if len(bpe.encode(f"{name} ran.")) > len(bpe.encode("Tom ran.")))
+    line = {**item(clean, "He", ["Tom"], wrong="she"), "counterfactual": f"{longer} ran. She sat."}
+    probe_file = tmp_path / "one.jsonl"
+    probe_file.write_text(json.dumps(line) + "\n")
+    report = run_probe(ProbeConfig(checkpoint=str(run_dir), probe_file=str(probe_file),
+                                   logdir=str(tmp_path / "p"), patch=True))
+    assert report["patching"] is None and report["agreement"]["n"] == 1
+    said = capsys.readouterr().err
+    assert "note: patch=true needs agreement items with a counterfactual" in said
+    assert f"1 skipped, the first: {probe_file}, line 1: the counterfactual's context is" in said
+    assert (tmp_path / "p" / "probe.json").is_file()
+
+
 def _cli(*args, cwd):
     return run_cli("tinylm.cli.probe", *args, cwd=cwd)
 
@@ -613,7 +631,10 @@ def test_cli_scores_heads_agreement_and_ablation_into_json_and_tensorboard(run_d
     assert [set(e) for e in deciding["prediction_match"]] == [
         {"layer", "head", "match", "correlation"}] * 4
     assert [set(e) for e in report["evidence"]] == [
-        {"layer", "head", "mean_attention", "delta_mean_margin", "agrees"}] * 4
+        {"layer", "head", "mean_attention", "delta_mean_margin", "delta_mean_margin_mean",
+         "patching_effect", "singled_out_by", "agrees"}] * 4
+    assert all(e["delta_mean_margin_mean"] is None and e["patching_effect"] is None
+               for e in report["evidence"])  # neither was asked for
     best = max(deciding["agreement_attention"], key=lambda e: e["mean_attention"])
     assert report["best_deciding"] == {k: best[k] for k in ("layer", "head", "mean_attention")}
     for e in report["ablation"]:
@@ -639,6 +660,59 @@ def test_cli_scores_heads_agreement_and_ablation_into_json_and_tensorboard(run_d
         [h["accuracy"] for h in report["heads"]])
     for name in grids:
         assert (logdir / "probe" / f"{name}.png").read_bytes().startswith(b"\x89PNG")
+
+
+@pytest.mark.slow
+def test_patching_and_mean_ablation_agree_in_the_report_the_console_and_the_tab(run_dir,
+                                                                                tmp_path):
+    logdir = tmp_path / "probe"
+    result = _cli(f"checkpoint={run_dir}", "ablate=mean", "patch=true", f"logdir={logdir}",
+                  "probe_file=data/probes/agreement.jsonl", cwd=project_root())
+    assert result.returncode == 0, result.stderr
+    report = json.loads((logdir / "probe.json").read_text())
+    patching = report["patching"]
+    assert patching["method"] == "exact" and patching["n_pairs"] > 0
+    # every shipped item has a partner: what is not a pair was skipped, and said why
+    assert patching["n_pairs"] + patching["n_skipped"] == 108 == report["agreement"]["n"]
+    assert all(s["reason"].startswith(("the counterfactual's context is",
+                                       "both pronouns begin with token"))
+               for s in patching["skipped"])
+    pairs, heads = patching["pairs"], patching["heads"]
+    assert {"clean_ids", "counterfactual_ids", "position", "target_ids", "m_clean",
+            "m_counterfactual"} <= set(pairs[0])
+    assert all(p["position"] == len(p["clean_ids"]) - 1 == len(p["counterfactual_ids"]) - 1
+               for p in pairs)
+    # each head's effect is a ratio of means over the pairs, inside its bootstrap interval
+    change = np.mean([p["m_counterfactual"] - p["m_clean"] for p in pairs])
+    for h in heads:
+        moved = np.mean([p["m_patched_all"][h["layer"]][h["head"]] - p["m_clean"]
+                         for p in pairs])
+        assert h["effect"] == pytest.approx(moved / change)
+        assert h["interval"][0] <= h["interval"][1]  # (a barely trained model's effects are
+        # ratios of small means: the point need not lie inside its percentile interval)
+        assert len(h["effect_by_position"]) == max(p["position"] for p in pairs) + 1
+    assert [e["method"] for e in report["mean_ablation"]] == ["mean"] * len(heads)
+    assert [(e["patching_effect"], e["delta_mean_margin_mean"]) for e in report["evidence"]] \
+        == [(h["effect"], m["delta_mean_margin"]) for h, m in zip(heads, report["mean_ablation"],
+                                                                  strict=True)]
+    # the console's layer x head table shows the same effects
+    out = result.stdout
+    part = out.split("patching (exact):")[1].split("the 5 strongest")[0]
+    table = [line for line in part.splitlines() if line.startswith("layer ")]
+    shown = [float(cell) for row in table for cell in row.split()[2::2]]
+    assert shown == pytest.approx([h["effect"] for h in heads], abs=0.006)
+    assert "the 5 strongest (layer, head, position) cells" in out
+    assert (f"the name moves m by {change:+.3f} on average (clean "
+            f"{np.mean([p['m_clean'] for p in pairs]):+.3f}") in out
+    assert "ablation: each head replaced in turn by its mean output" in out
+    # and the tab reads them from the event file, beside the first pairs' attention
+    events = EventAccumulator(str(logdir), size_guidance={"tensors": 0})
+    events.Reload()
+    (grid,) = events.Tensors(PATCHING_TAG)
+    tab = tensor_util.make_ndarray(grid.tensor_proto)  # (L, nh, 3): effect, low, high
+    assert [tab[h["layer"], h["head"], 0] for h in heads] == pytest.approx(
+        [h["effect"] for h in heads], abs=1e-6)
+    assert "patching/pair_000/step_00000000" in events.Tags()["tensors"]
 
 
 @pytest.mark.slow

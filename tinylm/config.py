@@ -88,9 +88,10 @@ def number(key: str, value: Any, low: float | None = None, high: float | None = 
 
 def one_of(key: str, value: Any, allowed: tuple) -> None:
     """One of the `allowed` values (e.g. the names of a choice)."""
-    if value not in allowed:
-        raise ConfigError(f"{key}={value!r} is not allowed; allowed: "
-                          f"{', '.join(str(a) for a in allowed)}")
+    # 1 == True in Python: a number is not the flag true
+    if value not in allowed or type(value) not in {type(a) for a in allowed}:
+        names = (str(a).lower() if isinstance(a, bool) else str(a) for a in allowed)
+        raise ConfigError(f"{key}={value!r} is not allowed; allowed: {', '.join(names)}")
 
 
 def flag(key: str, value: Any) -> None:

@@ -1,7 +1,9 @@
-"""tinylm-probe: score attention heads on pronoun probes, pronoun agreement, head ablation.
+"""tinylm-probe: score attention heads on pronoun probes, pronoun agreement, head ablation,
+activation patching across counterfactual pairs.
 
     tinylm-probe checkpoint=<run dir>                       # data/probes/pronouns + agreement
     tinylm-probe checkpoint=<run dir> probe_file=data/probes/agreement.jsonl ablate=true
+    tinylm-probe checkpoint=<run dir> ablate=mean patch=true
     (options: conf/probe.yaml; the scores and the file format: tinylm/inspection/)
 
 Output: a console summary; a JSON report (`out`, default <logdir>/probe.json): probe()'s
@@ -27,10 +29,14 @@ from tinylm.cli.loading import load_for_command
 from tinylm.cli.sizes import refuse_batch
 from tinylm.config import ConfigError, at_least, check, choice
 from tinylm.files import published_atomically, write_json_atomic
+from tinylm.inspection.capture import capture_attention
+from tinylm.inspection.patching import build_pairs
 from tinylm.inspection.probe import probe, probe_files
 from tinylm.inspection.probe_items import load_probe_file
 from tinylm.inspection.probe_report import format_report, write_probe_figures
 from tinylm.train.threads import check_threads_setting
+
+PAIRS_SHOWN = 8  # pairs whose attention the tab shows beside their patching
 
 
 @dataclass
@@ -42,7 +48,12 @@ class ProbeConfig:
     probe_file: Any = None  # JSONL file(s); None: the shipped data/probes/ sets
     out: str | None = None  # the JSON report; None: <logdir>/probe.json
     logdir: str | None = None  # TensorBoard heatmaps; None: <run dir>/probe/<timestamp>
-    ablate: bool = False  # zero each head in turn and measure the agreement margins
+    # remove each head in turn and measure the agreement margins: true (or zero): zeroed;
+    # mean: zeroed, and also replaced by its mean output over the probe's texts
+    ablate: bool | str = False
+    # copy each head's output from a counterfactual text (another name) into the clean one:
+    # true: exact activation patching; fast: its gradient estimate (attribution patching)
+    patch: bool | str = False
     top_heads: int = 5  # rows of the console ablation table
     batch_size: int = 64  # sequences per forward pass
     device: str = "auto"  # auto (cuda where there is one, else cpu), cpu, cuda, cuda:N, mps
@@ -57,7 +68,17 @@ class ProbeConfig:
             raise ConfigError(f"probe_file={self.probe_file!r} is not allowed: give a JSONL "
                               "path, a list of them, or null for the shipped probe sets")
         check(self, top_heads=at_least(1), batch_size=at_least(1), prefer=choice("best", "last"),
-              threads=check_threads_setting)
+              threads=check_threads_setting, ablate=choice(False, True, "zero", "mean"),
+              patch=choice(False, True, "fast"))
+
+
+def patched_texts(model, tokenizer, patching: dict | None) -> dict:
+    """The attention over the first pairs' clean texts (up to the pronoun), for the tab to show
+    beside their patching: name -> AttentionCapture."""
+    pairs = patching["pairs"][:PAIRS_SHOWN] if patching else []
+    return {f"patching/pair_{i:03d}": capture_attention(
+                model, tokenizer, tokenizer.decode(p["clean_ids"] + p["target_ids"][:1]))
+            for i, p in enumerate(pairs)}
 
 
 def run_probe(cfg: ProbeConfig, out=None) -> dict:
@@ -75,20 +96,31 @@ def run_probe(cfg: ProbeConfig, out=None) -> dict:
           + f"; {len(items)} probe items from {', '.join(map(str, files))}", file=sys.stderr)
 
     start = time.perf_counter()
+    patch = {False: None, True: "exact", "fast": "attribution"}[cfg.patch]
     report = probe(model, ckpt.tokenizer, items, cfg.ablate, cfg.batch_size,
-                   before_work=lambda passes: refuse_batch(c, cfg.batch_size, passes))
+                   before_work=lambda passes: refuse_batch(c, cfg.batch_size, passes),
+                   patch=patch)
     seconds = time.perf_counter() - start
     if cfg.ablate and report["ablation"] is None:
-        print("note: ablate=true needs agreement items (with wrong_pronoun), e.g. "
-              "probe_file=data/probes/agreement.jsonl; no ablation done", file=sys.stderr)
+        print(f"note: ablate={str(cfg.ablate).lower()} needs agreement items (with "
+              "wrong_pronoun), e.g. probe_file=data/probes/agreement.jsonl; no ablation done",
+              file=sys.stderr)
+    if patch and not report["patching"]:
+        _, skipped = build_pairs(ckpt.tokenizer, items, c.block_size)  # to say why
+        why = f"; {len(skipped)} skipped, the first: {skipped[0]['source']}: " \
+              f"{skipped[0]['reason']}" if skipped else ""
+        print(f"note: patch={str(cfg.patch).lower()} needs agreement items with a counterfactual"
+              " whose text up to the pronoun has as many tokens, e.g. "
+              f"probe_file=data/probes/agreement.jsonl; no patching done{why}", file=sys.stderr)
 
     logdir = Path(cfg.logdir) if cfg.logdir else default_logdir(ckpt.directory, "probe")
     json_path = Path(cfg.out) if cfg.out else logdir / "probe.json"
     report = {"checkpoint": str(ckpt.directory), "probe_files": [str(p) for p in files],
               "logdir": str(logdir), **report}
     console = format_report(report, c.n_layer, c.n_head, cfg.top_heads)
+    texts = patched_texts(model, ckpt.tokenizer, report.get("patching"))
     with published_atomically(logdir) as folder:
-        write_probe_figures(report, folder, c.n_layer, c.n_head, console)
+        write_probe_figures(report, folder, c.n_layer, c.n_head, console, texts)
         if cfg.out:
             write_json_atomic(json_path, report)
         else:

@@ -2,9 +2,10 @@
 antecedent (attention items), whether the model prefers a name's pronoun to the wrong one as whole
 words (agreement items), which heads that needs (ablation through head_mask), and each head's
 attention at the deciding position, the token before the pronoun where a causal model chooses it.
-The report is shown (console tables, heatmaps) by probe_report.py.
+Patching (patching.py) adds the causal test: which heads carry the name's gender from a clean
+text to its counterfactual. The report is shown (console tables, heatmaps) by probe_report.py.
 
-    report = probe(model, tokenizer, items, ablate=True)    # a JSON-ready dict
+    report = probe(model, tokenizer, items, ablate="mean", patch="exact")    # a JSON-ready dict
 """
 
 from __future__ import annotations
@@ -18,6 +19,13 @@ import torch
 from tqdm.auto import tqdm
 
 from tinylm.inspection.capture import deciding_token, key_words, word_level
+from tinylm.inspection.patching import (
+    attribution_patch,
+    build_pairs,
+    head_output_means,
+    patch_heads,
+    replaced_head_output,
+)
 from tinylm.inspection.probe_items import (
     SHIPPED_PROBES,
     EncodedAgreementItem,
@@ -30,12 +38,16 @@ from tinylm.inspection.probe_items import (
     shipped_probe,
 )
 
-ABLATION = "zeroed"  # how a head is removed: its output is multiplied by 0
+# How a head is removed: its output multiplied by 0, or replaced by its mean output over the
+# probe's texts at each position (an input the model has seen, unlike a silent head)
+ABLATION, MEAN_ABLATION = "zeroed", "mean"
 # The other gender in the same case. "her" is object or possessive (him or his), so it has none.
 DERIVED_WRONG_PRONOUN = {"she": "he", "he": "she", "him": "her", "his": "her"}
 # A head looks at the name when it gives it at least this many times the median head's attention;
 # a margin loss smaller than MIN_MARGIN_LOSS nats is noise, not a head the model needs.
 OVER_MEDIAN, MIN_MARGIN_LOSS = 2.0, 0.1
+# A head carries the name when patching it moves at least this share of the counterfactual's change
+MIN_PATCH_EFFECT = 0.1
 
 
 def probe_files(probe_file: list[str] | None) -> list[Path]:
@@ -147,22 +159,33 @@ def agreement_margins(model, encoded: list[EncodedAgreementItem], new_word: torc
 
 
 def ablate_heads(model, encoded: list[EncodedAgreementItem], new_word: torch.Tensor,
-                 batch_size: int = 64, base: torch.Tensor | None = None) -> list[dict]:
-    """Zero each head in turn; its agreement mean margin and accuracy, and their changes from
+                 batch_size: int = 64, base: torch.Tensor | None = None,
+                 method: str = ABLATION) -> list[dict]:
+    """Remove each head in turn (`method`: ABLATION zeroes it, MEAN_ABLATION puts its mean output
+    over these texts in its place); its agreement mean margin and accuracy, and their changes from
     `base` (the margins with every head on; computed when None)."""
     c = model.config
     if base is None:
         base = agreement_margins(model, encoded, new_word, None, batch_size)
+    if method == MEAN_ABLATION:
+        means = head_output_means(model, [s for e in encoded for s in (e.written, e.wrong)],
+                                  batch_size)  # per layer (T_max, C)
     entries = []
     # a pass over the items per head: minutes for GPT-2's 144 heads, so a bar on a terminal
-    heads = tqdm(list(itertools.product(range(c.n_layer), range(c.n_head))), desc="ablation",
-                 unit="head", leave=False, disable=None)
+    heads = tqdm(list(itertools.product(range(c.n_layer), range(c.n_head))),
+                 desc=f"ablation ({method})", unit="head", leave=False, disable=None)
+    hs = c.n_embd // c.n_head
     for layer, head in heads:
-        mask = torch.ones(c.n_layer, c.n_head)
-        mask[layer, head] = 0.0
-        m = agreement_margins(model, encoded, new_word, mask, batch_size)
+        if method == MEAN_ABLATION:
+            head_mean = means[layer][:, head * hs:(head + 1) * hs]  # (T_max, hs)
+            with replaced_head_output(model, layer, head, head_mean):
+                m = agreement_margins(model, encoded, new_word, None, batch_size)
+        else:
+            mask = torch.ones(c.n_layer, c.n_head)
+            mask[layer, head] = 0.0
+            m = agreement_margins(model, encoded, new_word, mask, batch_size)
         entries.append({
-            "layer": layer, "head": head, "method": ABLATION,
+            "layer": layer, "head": head, "method": method,
             "mean_margin": float(m.mean()), "accuracy": float((m > 0).float().mean()),
             "delta_mean_margin": float(m.mean() - base.mean()),
             "delta_accuracy": float((m > 0).float().mean() - (base > 0).float().mean()),
@@ -212,18 +235,32 @@ def prediction_match(attention_difference: np.ndarray, preference: np.ndarray
     return match, correlation
 
 
-def evidence(attention: list[dict], ablation: list[dict]) -> list[dict]:
-    """Per head: deciding attention to the name beside the margin change when it is zeroed; it
-    `agrees` when both single it out (OVER_MEDIAN, MIN_MARGIN_LOSS)."""
-    delta = {(e["layer"], e["head"]): e["delta_mean_margin"] for e in ablation}
+def evidence(attention: list[dict], ablation: list[dict] | None,
+             mean_ablation: list[dict] | None = None, patching: dict | None = None) -> list[dict]:
+    """Per head, each reading that was measured: deciding attention to the name, the margin
+    change when zeroed and when mean-ablated, the patching effect; `singled_out_by` lists the
+    readings that single the head out (OVER_MEDIAN, MIN_MARGIN_LOSS, MIN_PATCH_EFFECT) and
+    `agrees` is true when attention and zero-ablation both do."""
+    def by_head(entries: list[dict] | None, key: str) -> dict:
+        return {(e["layer"], e["head"]): e[key] for e in entries or ()}
+
+    zeroed = by_head(ablation, "delta_mean_margin")
+    mean = by_head(mean_ablation, "delta_mean_margin")
+    effect = by_head(patching and patching["heads"], "effect")
     typical = float(np.median([a["mean_attention"] for a in attention]))
     rows = []
     for a in attention:
-        d = delta[a["layer"], a["head"]]
-        rows.append({"layer": a["layer"], "head": a["head"], "mean_attention": a["mean_attention"],
-                     "delta_mean_margin": d,
-                     "agrees": a["mean_attention"] >= OVER_MEDIAN * typical
-                     and d <= -MIN_MARGIN_LOSS})
+        key = (a["layer"], a["head"])
+        row = {"layer": a["layer"], "head": a["head"], "mean_attention": a["mean_attention"],
+               "delta_mean_margin": zeroed.get(key), "delta_mean_margin_mean": mean.get(key),
+               "patching_effect": effect.get(key)}
+        singled = {"attention": a["mean_attention"] >= OVER_MEDIAN * typical,
+                   "zeroed": zeroed.get(key) is not None and zeroed[key] <= -MIN_MARGIN_LOSS,
+                   "mean": mean.get(key) is not None and mean[key] <= -MIN_MARGIN_LOSS,
+                   "patching": effect.get(key) is not None and effect[key] >= MIN_PATCH_EFFECT}
+        row["singled_out_by"] = [name for name, yes in singled.items() if yes]
+        row["agrees"] = singled["attention"] and singled["zeroed"]
+        rows.append(row)
     return rows
 
 
@@ -251,14 +288,18 @@ def deciding_report(model, enc_names: list[EncodedAttentionItem],
     return result
 
 
-def probe(model, tokenizer, items: list[ProbeItem], ablate: bool = False, batch_size: int = 64,
-          before_work: Callable[[list[list[list[int]]]], None] | None = None) -> dict:
-    """Score every head on the attention items, measure agreement (and ablations), and read every
-    head at the deciding position; the report.
+def probe(model, tokenizer, items: list[ProbeItem], ablate: bool | str = False,
+          batch_size: int = 64,
+          before_work: Callable[[list[list[list[int]]]], None] | None = None,
+          patch: str | None = None) -> dict:
+    """Score every head on the attention items, measure agreement (and ablations), read every
+    head at the deciding position, and patch heads across counterfactual pairs; the report.
 
-    `before_work(passes)` sees, once every item is tokenized and before any model work, the
-    sequences (as ids) of each kind of forward pass: the command refuses a batch_size there that
-    cannot be held.
+    `ablate`: False; True or "zero" (each head zeroed in turn); "mean" (zeroed, and beside it
+    replaced by its mean output). `patch`: None, "exact" (patching.patch_heads) or "attribution"
+    (its first-order estimate). `before_work(passes)` sees, once every item is tokenized and
+    before any model work, the sequences (as ids) of each kind of forward pass: the command
+    refuses a batch_size there that cannot be held.
     """
     c = model.config
     attention = [i for i in items if i.kind == "attention"]
@@ -273,14 +314,20 @@ def probe(model, tokenizer, items: list[ProbeItem], ablate: bool = False, batch_
     enc_names = [encode_attention_item(tokenizer, i, c.block_size) for i in agreement]
     enc_preference = [encode_agreement_item(tokenizer, attention[k], c.block_size, wrong[k])
                       for k in scored]
+    pairs, skipped = build_pairs(tokenizer, agreement, c.block_size) if patch else ([], [])
     if before_work is not None:
         before_work([[e.ids for e in enc_attention], [e.ids for e in enc_names],
                      [s for e in enc_agreement for s in (e.written, e.wrong)],
-                     [s for e in enc_preference for s in (e.written, e.wrong)]])
+                     [s for e in enc_preference for s in (e.written, e.wrong)],
+                     [s for p in pairs for s in (p.clean_ids, p.counterfactual_ids)]])
 
     report: dict = {"n": len(attention), "heads": [], "best": None, "baselines": None,
                     "agreement": None, "ablation": None, "deciding": None, "evidence": None,
                     "best_deciding": None}
+    if ablate == MEAN_ABLATION:
+        report["mean_ablation"] = None
+    if patch:
+        report["patching"] = None
     new_word = new_word_tokens(tokenizer)
     if attention:
         ante, distr = mention_attention(model, enc_attention, batch_size)
@@ -303,6 +350,16 @@ def probe(model, tokenizer, items: list[ProbeItem], ablate: bool = False, batch_
                        "margin": float(m)} for i, m in zip(agreement, margins, strict=True)]}
         if ablate:
             report["ablation"] = ablate_heads(model, enc_agreement, new_word, batch_size, margins)
+        if ablate == MEAN_ABLATION:
+            report["mean_ablation"] = ablate_heads(model, enc_agreement, new_word, batch_size,
+                                                   margins, MEAN_ABLATION)
+    if pairs:
+        patched = patch_heads if patch == "exact" else attribution_patch
+        report["patching"] = patched(model, pairs, batch_size).to_json(skipped)
+        for entry, pair in zip(report["patching"]["pairs"], pairs, strict=True):
+            # the words, for a reader of the JSON and for the console's strongest cells
+            entry["clean_tokens"] = tokenizer.token_strings(pair.clean_ids)
+            entry["target_tokens"] = tokenizer.token_strings(pair.target_ids)
     if attention or agreement:
         report["deciding"] = deciding_report(model, enc_names, enc_attention, scored,
                                              enc_preference, new_word, batch_size)
@@ -310,6 +367,7 @@ def probe(model, tokenizer, items: list[ProbeItem], ablate: bool = False, batch_
     if names:
         best = max(names, key=lambda h: h["mean_attention"])
         report["best_deciding"] = {k: best[k] for k in ("layer", "head", "mean_attention")}
-    if names and report["ablation"]:
-        report["evidence"] = evidence(names, report["ablation"])
+    if names and (report["ablation"] or report.get("patching")):
+        report["evidence"] = evidence(names, report["ablation"], report.get("mean_ablation"),
+                                      report.get("patching"))
     return report

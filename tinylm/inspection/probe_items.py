@@ -2,12 +2,14 @@
 by line, then tokenized for the scoring in probe.py. Character offsets point at a word's first
 character. An attention item has two characters of different gender before the pronoun:
 {"text", "pronoun_char", "antecedent_chars", "distractor_chars"}, optionally "wrong_pronoun"; an
-agreement item has one: {"text", "pronoun_char", "antecedent_chars", "wrong_pronoun"}. A line
+agreement item has one: {"text", "pronoun_char", "antecedent_chars", "wrong_pronoun"}, optionally
+a "counterfactual" partner for activation patching (its text, or the "id" of another line). A line
 that cannot be used raises ProbeFileError naming its file and line.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 from dataclasses import dataclass
@@ -37,6 +39,8 @@ class ProbeItem:
     antecedent_chars: list[int]
     distractor_chars: list[int] | None  # attention items
     wrong_pronoun: str | None  # agreement items; optional on attention items
+    counterfactual: str | None = None  # agreement items: the partner's text (once loaded)
+    id: str | None = None  # names the item as another line's counterfactual
 
     @property
     def kind(self) -> str:
@@ -54,7 +58,8 @@ class ProbeItem:
 
 
 def parse_item(obj, where: str) -> ProbeItem:
-    """Check one decoded JSONL line and turn it into a ProbeItem (ProbeFileError if unusable)."""
+    """Check one decoded JSONL line and turn it into a ProbeItem (ProbeFileError if unusable); its
+    counterfactual, a text or another line's id, is resolved and checked by load_probe_file."""
     if not isinstance(obj, dict):
         raise ProbeFileError(f"{where}: expected a JSON object, got {type(obj).__name__}")
     text = obj.get("text")
@@ -114,7 +119,59 @@ def parse_item(obj, where: str) -> ProbeItem:
                                  f"known: {', '.join(sorted(w for w in PRONOUNS if w.islower()))}")
         if wrong.lower() == pronoun.lower():
             raise ProbeFileError(f"{where}: wrong_pronoun={wrong!r} is the pronoun in the text")
-    return ProbeItem(where, text, p, mentions["antecedent"], mentions.get("distractor"), wrong)
+
+    for key in ("id", "counterfactual"):
+        if obj.get(key) is not None and (not isinstance(obj[key], str) or not obj[key]):
+            raise ProbeFileError(f"{where}: {key} must be a non-empty string, got {obj[key]!r}")
+    if obj.get("counterfactual") is not None and "distractor" in mentions:
+        raise ProbeFileError(f"{where}: a counterfactual is for agreement items (one character): "
+                             "patching swaps one name, and this item has distractor_chars")
+    return ProbeItem(where, text, p, mentions["antecedent"], mentions.get("distractor"), wrong,
+                     obj.get("counterfactual"), obj.get("id"))
+
+
+def _pronoun_word(item: ProbeItem) -> int:
+    return word_at(find_words(item.text), item.pronoun_char)
+
+
+def _has_pronoun_at(text: str, word: int) -> bool:
+    spans = find_words(text)
+    return word < len(spans) and text[slice(*spans[word])] in PRONOUNS
+
+
+def counterfactual_item(item: ProbeItem) -> ProbeItem:
+    """The item's partner as an agreement item: its own pronoun, the mentions at the item's word
+    indices, and the other gender's pronoun (the item's) to compare with."""
+    text, k = item.counterfactual, _pronoun_word(item)
+    if text is None:
+        raise item.error("the item has no counterfactual partner")
+    if not _has_pronoun_at(text, k):
+        raise item.error(f"counterfactual {text!r} has no pronoun as word {k + 1}, where the item "
+                         f"has {item.pronoun!r}")
+    spans, item_spans = find_words(text), find_words(item.text)
+    pronoun = text[slice(*spans[k])]
+    # a partner of the same pronoun (a name swap within a gender) keeps the item's wrong pronoun
+    wrong = item.pronoun.lower() if pronoun.lower() != item.pronoun.lower() else item.wrong_pronoun
+    antecedents = [spans[word_at(item_spans, c)][0] for c in item.antecedent_chars]
+    return ProbeItem(f"{item.source} (counterfactual)", text, spans[k][0], antecedents, None, wrong)
+
+
+def _resolve_counterfactual(item: ProbeItem, by_id: dict[str, ProbeItem]) -> ProbeItem:
+    """The item with its counterfactual as text (an id stands for that line's text), checked to
+    have a pronoun where the item has its own."""
+    if item.counterfactual is None:
+        return item
+    named, k = by_id.get(item.counterfactual), _pronoun_word(item)
+    text = named.text if named is not None else item.counterfactual
+    if text == item.text:
+        raise item.error(f"counterfactual {item.counterfactual!r} is the item itself; a partner "
+                         "differs from it in the name and the pronoun")
+    if not _has_pronoun_at(text, k):
+        what = (f"is the id of {named.source}, whose text has no pronoun" if named is not None
+                else "is neither the id of an item in this file nor a text with a pronoun")
+        raise item.error(f"counterfactual {item.counterfactual!r} {what} as word {k + 1}, where "
+                         f"the item has {item.pronoun!r}")
+    return dataclasses.replace(item, counterfactual=text)
 
 
 def load_probe_file(path: str | Path) -> list[ProbeItem]:
@@ -128,7 +185,7 @@ def load_probe_file(path: str | Path) -> list[ProbeItem]:
     if path.stat().st_size > MAX_PROBE_FILE_BYTES:
         raise ProbeFileError(f"probe file {path} holds {path.stat().st_size:,} bytes, more than "
                              f"the {MAX_PROBE_FILE_BYTES:,} a probe set may have")
-    items = []
+    items, by_id = [], {}
     with path.open("rb") as f:
         for n, raw in enumerate(f, start=1):
             where = f"{path}, line {n}"
@@ -147,10 +204,16 @@ def load_probe_file(path: str | Path) -> list[ProbeItem]:
             except RecursionError:  # [[[[...]]]] deeper than Python's stack
                 raise ProbeFileError(f"{where}: JSON nested too deeply to be a probe item"
                                      ) from None
-            items.append(parse_item(obj, where))
+            item = parse_item(obj, where)
+            if item.id in by_id:  # None is never a key
+                raise ProbeFileError(f"{where}: id {item.id!r} is already the id of "
+                                     f"{by_id[item.id].source}; ids must be unique in a file")
+            if item.id is not None:
+                by_id[item.id] = item
+            items.append(item)
     if not items:
         raise ProbeFileError(f"{path}: no probe items (the file is empty)")
-    return items
+    return [_resolve_counterfactual(item, by_id) for item in items]
 
 
 def shipped_probe(name: str) -> Path:

@@ -6,6 +6,11 @@ Routes (under /data/plugin/tinylm_attention/):
     /attention?run=&tag=     one text's JSON content, cut to the tokens the model read
     /weights?run=&tag=       its weights: raw little-endian float16 bytes, (L, nh, T, T)
     /probes                  layer x head accuracy of each tinylm-probe report in the logdir
+    /patching                each activation-patching report: layer x head effects, intervals,
+                             its pairs (without their tokens)
+    /patching_pair?run=&pair=  one pair: its clean tokens and (L, nh, T) effects per position
+
+Numbers a route cannot define (a patching effect over no difference) are served as null.
 
 Everything served comes from TensorBoard's data provider: the summaries it loaded from the
 logdir's event files (it skips a record cut off by a crash), looked up by the run and tag names it
@@ -34,7 +39,12 @@ from tensorboard.plugins import base_plugin
 from werkzeug import wrappers
 
 from tinylm.inspection.tensorboard_plugin import PLUGIN_NAME, PROBE_PLUGIN_NAME
-from tinylm.inspection.tensorboard_plugin.summary import FORMAT_VERSION
+from tinylm.inspection.tensorboard_plugin.summary import (
+    FORMAT_VERSION,
+    PATCHING_POSITIONS_TAG,
+    PATCHING_TAG,
+    PROBE_TAG,
+)
 
 STATIC_FILES = {"/index.js": "text/javascript", "/style.css": "text/css"}
 HOW_TO_MAKE_DATA = ("No tinylm attention in this logdir. Train a run (tinylm-train), which writes "
@@ -46,6 +56,10 @@ HOW_TO_MAKE_DATA = ("No tinylm attention in this logdir. Train a run (tinylm-tra
 MAX_LAYERS, MAX_HEADS, MAX_TOKENS, MAX_WEIGHTS = 64, 64, 1024, 2**26
 MAX_CHARS = 256  # of one token, word, text name or note; no tokenizer makes longer ones
 MAX_CONTENT_BYTES = 2**24  # a text's description holds the whole text, as long as it may be
+# A patching report: 10x the shipped agreement set's pairs, and effects per pair, layer, head and
+# position (GPT-2's 144 heads over 1024 pairs of 64 tokens are 9.4M) that decode in a blink.
+MAX_PAIRS, MAX_PATCHED = 1024, 2**24
+PATCHING_TAGS = [PATCHING_TAG, PATCHING_POSITIONS_TAG]
 
 
 class Skipped(ValueError):
@@ -75,6 +89,18 @@ def _is_int(value, low: int, high: int) -> bool:
 
 def _is_text(value) -> bool:
     return isinstance(value, str) and len(value) <= MAX_CHARS
+
+
+def _is_number(value) -> bool:
+    """A finite int or float (not a bool): what strict JSON can hold."""
+    return type(value) in (int, float) and math.isfinite(value)
+
+
+def _nan_as_null(array: np.ndarray) -> list:
+    """`array` as nested lists with None for NaN (an undefined number): strict JSON has no NaN."""
+    values = array.astype(object)
+    values[np.isnan(array)] = None
+    return values.tolist()
 
 
 def read_description(raw: bytes | str, kind: str) -> dict:
@@ -132,11 +158,60 @@ def read_content(raw: bytes | str) -> dict:
     return served
 
 
+def read_pair(pair, i: int, t_max: int) -> dict:
+    """Pair i of a patching report's description, checked: 1..t_max clean tokens, the deciding
+    position among them, finite margins, its pronouns; its source cut to MAX_CHARS."""
+    _require(isinstance(pair, dict), f"its pair {i} is not an object")
+    tokens = pair.get("tokens")
+    _require(isinstance(tokens, list) and 1 <= len(tokens) <= t_max
+             and all(map(_is_text, tokens)), f"its pair {i} has not 1..{t_max} tokens of at most "
+             f"{MAX_CHARS} characters")
+    _require(_is_int(pair.get("position"), 0, len(tokens)),
+             f"its pair {i}'s position is not one of its {len(tokens)} tokens")
+    _require(_is_number(pair.get("m_clean")) and _is_number(pair.get("m_counterfactual")),
+             f"its pair {i}'s margins are not finite numbers")
+    _require(_is_text(pair.get("pronoun")) and _is_text(pair.get("wrong_pronoun"))
+             and isinstance(pair.get("source"), str),
+             f"its pair {i}'s source and pronouns are not texts")
+    return {"source": pair["source"][:MAX_CHARS], "tokens": tokens,
+            **{key: pair[key] for key in ("position", "m_clean", "m_counterfactual", "pronoun",
+                                          "wrong_pronoun")}}
+
+
+def read_patching(raw: bytes | str) -> dict:
+    """A patching report's description, checked: its shape (P, L, nh, T_max) within the bounds,
+    the pairs skipped, the intervals' level, P pairs."""
+    content = read_description(raw, "a tinylm patching report")
+    shape = content.get("shape")
+    _require(isinstance(shape, list) and len(shape) == 4 and _is_int(shape[0], 0, MAX_PAIRS + 1)
+             and _is_int(shape[1], 1, MAX_LAYERS + 1) and _is_int(shape[2], 1, MAX_HEADS + 1)
+             and _is_int(shape[3], 0, MAX_TOKENS + 1) and math.prod(shape) <= MAX_PATCHED,
+             f"its shape is not (pairs <= {MAX_PAIRS}, layers <= {MAX_LAYERS}, heads <= "
+             f"{MAX_HEADS}, T <= {MAX_TOKENS}) with at most {MAX_PATCHED} effects")
+    _require(_is_int(content.get("n_skipped"), 0, 2**63),
+             "its count of skipped pairs is not a number")
+    level = content.get("interval_level")
+    _require(level is None or (_is_number(level) and 0 < level < 1),
+             "its interval level is not a number between 0 and 1")
+    pairs = content.get("pairs")
+    _require(isinstance(pairs, list) and len(pairs) == shape[0],
+             f"its pairs are not a list of {shape[0]}")
+    return {"shape": shape, "n_skipped": content["n_skipped"], "interval_level": level,
+            "pairs": [read_pair(pair, i, shape[3]) for i, pair in enumerate(pairs)]}
+
+
+def read_floats(array, what: str, fits, shape: str) -> np.ndarray:
+    """`array` if it holds floats in a shape that fits(shape) accepts; Skipped, saying why, if
+    not."""
+    _require(isinstance(array, np.ndarray) and array.dtype.kind == "f" and fits(array.shape),
+             f"{what} are not {shape} numbers")
+    return array
+
+
 def read_numbers(array, what: str, fits, shape: str) -> np.ndarray:
     """`array` if it holds floats in 0..1 (attention weights and accuracies both do) in a shape
     that fits(shape) accepts; Skipped, saying why, if not."""
-    _require(isinstance(array, np.ndarray) and array.dtype.kind == "f" and fits(array.shape),
-             f"{what} are not {shape} numbers")
+    read_floats(array, what, fits, shape)
     # the comparisons also refuse NaN and infinities: every comparison with NaN is False
     _require(bool(np.all((array >= 0) & (array <= 1))),
              f"{what} hold numbers outside 0..1 (NaN, infinite or negative)")
@@ -160,7 +235,9 @@ class AttentionPlugin(base_plugin.TBPlugin):
     def get_plugin_apps(self):
         apps = {route: self._serve_static for route in STATIC_FILES}
         apps.update({"/texts": self._serve_texts, "/attention": self._serve_attention,
-                     "/weights": self._serve_weights, "/probes": self._serve_probes})
+                     "/weights": self._serve_weights, "/probes": self._serve_probes,
+                     "/patching": self._serve_patching,
+                     "/patching_pair": self._serve_patching_pair})
         return apps
 
     def is_active(self) -> bool:
@@ -176,12 +253,12 @@ class AttentionPlugin(base_plugin.TBPlugin):
         return http_util.Respond(request, pkgutil.get_data(__package__, f"static/{name}"),
                                  STATIC_FILES["/" + name])
 
-    def _series(self, request, plugin_name: str = PLUGIN_NAME, run: str | None = None,
-                tag: str | None = None) -> dict:
-        """{run: {tag: TensorTimeSeries}} of a plugin, optionally one run and tag only."""
-        filter_ = provider.RunTagFilter(runs=[run], tags=[tag]) if run is not None else None
-        return self.data_provider.list_tensors(**_where(request), plugin_name=plugin_name,
-                                               run_tag_filter=filter_)
+    def _series(self, request, plugin_name: str = PLUGIN_NAME, runs: list[str] | None = None,
+                tags: list[str] | None = None) -> dict:
+        """{run: {tag: TensorTimeSeries}} of a plugin, optionally of these runs and tags only."""
+        return self.data_provider.list_tensors(
+            **_where(request), plugin_name=plugin_name,
+            run_tag_filter=provider.RunTagFilter(runs=runs, tags=tags))
 
     def _tensor(self, request, plugin_name: str, run: str, tag: str, what: str):
         """The array last written under `run` and `tag`, as the data provider decodes it."""
@@ -227,7 +304,7 @@ class AttentionPlugin(base_plugin.TBPlugin):
         """Answer a request naming one text with answer(run, tag, content); 404 when the data
         provider lists no such run and tag, the reason (200) when the text is skipped."""
         run, tag = request.args.get("run"), request.args.get("tag")
-        ts = self._series(request, PLUGIN_NAME, run, tag).get(run, {}).get(tag) if (
+        ts = self._series(request, PLUGIN_NAME, [run], [tag]).get(run, {}).get(tag) if (
             run and tag) else None
         if ts is None:
             return _json(request, {"error": "no such run and tag"}, 404)
@@ -267,10 +344,75 @@ class AttentionPlugin(base_plugin.TBPlugin):
     @wrappers.Request.application
     def _serve_probes(self, request):
         reports, problems = [], []
-        for run, tags in sorted(self._series(request, PROBE_PLUGIN_NAME).items()):
+        # the patching report beside it is another tag of the same plugin, served on its own
+        series = self._series(request, PROBE_PLUGIN_NAME, tags=[PROBE_TAG])
+        for run, tags in sorted(series.items()):
             for tag, ts in sorted(tags.items()):
                 try:
                     reports.append(self._probe(request, run, tag, ts))
                 except Skipped as why:
                     problems.append({"run": run, "tag": tag, "message": f"{tag}: {why}"})
         return _json(request, {"reports": reports, "problems": problems})
+
+    def _patching(self, request, run: str, tags: dict) -> tuple[dict, np.ndarray, np.ndarray]:
+        """A run's patching report, checked: its description, its float (L, nh, 3) effects and
+        intervals, its float (P, L, nh, T_max) effects per pair and position; NaN (undefined)
+        may stand anywhere among them, an infinity nowhere."""
+        self._require_inside(run)
+        for tag in PATCHING_TAGS:
+            _require(tag in tags, f"{tag} is not in the run: a patching report is written as "
+                     f"{PATCHING_TAG} and {PATCHING_POSITIONS_TAG}")
+        description = read_patching(tags[PATCHING_TAG].plugin_content)
+        read_description(tags[PATCHING_POSITIONS_TAG].plugin_content, "a tinylm patching report")
+        n_pairs, n_layer, n_head, t_max = description["shape"]
+        return (description,
+                self._effects(request, run, PATCHING_TAG, "its effects", (n_layer, n_head, 3)),
+                self._effects(request, run, PATCHING_POSITIONS_TAG, "its effects per position",
+                              (n_pairs, n_layer, n_head, t_max)))
+
+    def _effects(self, request, run: str, tag: str, what: str, shape: tuple) -> np.ndarray:
+        """A patching tensor of `shape`: floats, NaN (undefined) allowed, infinities not."""
+        array = read_floats(self._tensor(request, PROBE_PLUGIN_NAME, run, tag, what), what,
+                            lambda s: s == shape, " x ".join(map(str, shape)))
+        _require(not np.isinf(array).any(), f"{what} hold infinite numbers")
+        return array
+
+    @wrappers.Request.application
+    def _serve_patching(self, request):
+        reports, problems = [], []
+        for run, tags in sorted(self._series(request, PROBE_PLUGIN_NAME, tags=PATCHING_TAGS)
+                                .items()):
+            try:
+                description, grid, _ = self._patching(request, run, tags)
+            except Skipped as why:
+                problems.append({"run": run, "tag": PATCHING_TAG,
+                                 "message": f"{PATCHING_TAG}: {why}"})
+                continue
+            reports.append({
+                "run": run, "n_skipped": description["n_skipped"],
+                "interval_level": description["interval_level"],
+                "shape": description["shape"][1:3], "effect": _nan_as_null(grid[..., 0]),
+                "interval": _nan_as_null(grid[..., 1:]),
+                # their tokens come with their effects per position, one pair at a time
+                "pairs": [{k: v for k, v in pair.items() if k != "tokens"}
+                          for pair in description["pairs"]]})
+        return _json(request, {"reports": reports, "problems": problems})
+
+    @wrappers.Request.application
+    def _serve_patching_pair(self, request):
+        run, pair = request.args.get("run"), request.args.get("pair", "")
+        tags = self._series(request, PROBE_PLUGIN_NAME, [run], PATCHING_TAGS).get(run, {}) if (
+            run) else {}
+        if not tags or not (pair.isascii() and pair.isdigit() and len(pair) <= 6):
+            return _json(request, {"error": "no such run and pair"}, 404)
+        try:
+            description, _, by_position = self._patching(request, run, tags)
+        except Skipped as why:
+            return _json(request, {"problem": {"run": run, "tag": PATCHING_TAG,
+                                               "message": f"{PATCHING_TAG}: {why}"}})
+        i = int(pair)
+        if i >= len(description["pairs"]):
+            return _json(request, {"error": "no such run and pair"}, 404)
+        chosen = description["pairs"][i]
+        return _json(request, {"run": run, "pair": i, **chosen, "effect": _nan_as_null(
+            by_position[i, :, :, :len(chosen["tokens"])])})  # (L, nh, T): T of its tokens

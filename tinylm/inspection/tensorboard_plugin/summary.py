@@ -2,10 +2,14 @@
 holding the weights as float16 (n_layer, n_head, T, T) and JSON content (text, tokens, the token ->
 word map, pronouns, names, a note when the text was cut), under its own tag `<name>/step_<step>`
 since TensorBoard samples only 10 tensors per tag by default; and per tinylm-probe report, one
-tagged `tinylm_probe` holding its layer x head accuracy as float32 and its item count.
+tagged `tinylm_probe` holding its layer x head accuracy as float32 and its item count; and per
+activation-patching report, two more tagged `tinylm_probe`: the layer x head effects with their
+intervals, float32 (L, nh, 3), described by the pairs, and the effects per pair and position,
+float32 (P, L, nh, T_max).
 
     write_attention(writer, "probe_prompt", capture, step)  # writer: torch SummaryWriter
     write_probe(writer, report["n"], accuracy)               # accuracy: (n_layer, n_head)
+    write_patching(writer, effects, intervals, pair_effects, pairs, n_skipped, interval_level)
 """
 
 from __future__ import annotations
@@ -20,6 +24,8 @@ from tinylm.inspection.tensorboard_plugin import PLUGIN_NAME, PROBE_PLUGIN_NAME
 
 FORMAT_VERSION = 1  # bumped when the content's meaning changes; the tab names older data
 PROBE_TAG = "probe/accuracy_grid"
+PATCHING_TAG = "probe/patching"  # (L, nh, 3): effect, interval low, interval high
+PATCHING_POSITIONS_TAG = "probe/patching_by_position"  # (P, L, nh, T_max)
 DTYPES = {np.dtype("<f2"): types_pb2.DT_HALF, np.dtype("<f4"): types_pb2.DT_FLOAT}
 
 
@@ -74,6 +80,46 @@ def probe_summary(n: int, accuracy: np.ndarray) -> summary_pb2.Summary:
                           accuracy.astype("<f4"))
 
 
+def pair_content(pair: dict) -> dict:
+    """One counterfactual pair as JSON, in plain Python values (numpy numbers are no JSON)."""
+    return {"source": str(pair["source"]), "tokens": [str(t) for t in pair["tokens"]],
+            "position": int(pair["position"]), "m_clean": float(pair["m_clean"]),
+            "m_counterfactual": float(pair["m_counterfactual"]),
+            "pronoun": str(pair["pronoun"]), "wrong_pronoun": str(pair["wrong_pronoun"])}
+
+
+def patching_content(pairs: list[dict], n_skipped: int, shape: tuple[int, ...],
+                     interval_level: float | None) -> dict:
+    """The JSON beside the patching grid: each pair's clean tokens, deciding position, pronouns
+    and margins, how many pairs were skipped, the shape (P, L, nh, T_max) of the effects per
+    position, the intervals' level (0.9: 90%; None: not said)."""
+    return {"version": FORMAT_VERSION, "shape": list(shape), "n_skipped": int(n_skipped),
+            "interval_level": None if interval_level is None else float(interval_level),
+            "pairs": [pair_content(pair) for pair in pairs]}
+
+
+def patching_summary(effects: np.ndarray, intervals: np.ndarray, pair_effects: np.ndarray,
+                     pairs: list[dict], n_skipped: int,
+                     interval_level: float | None = None) -> summary_pb2.Summary:
+    """An activation-patching report as the tab draws it: (L, nh) effects (NaN: undefined) with
+    their (L, nh, 2) intervals, and (P, L, nh, T_max) effects per pair and position, NaN-padded
+    after each pair's clean tokens."""
+    effects, intervals, pair_effects = (np.asarray(a, "<f4")
+                                        for a in (effects, intervals, pair_effects))
+    if effects.ndim != 2 or intervals.shape != (*effects.shape, 2) or (
+            pair_effects.shape[:3] != (len(pairs), *effects.shape) or pair_effects.ndim != 4):
+        raise ValueError(f"patching shapes do not fit: effects {effects.shape}, intervals "
+                         f"{intervals.shape}, pair_effects {pair_effects.shape} for "
+                         f"{len(pairs)} pairs; expected (L, nh), (L, nh, 2), (P, L, nh, T_max)")
+    grid = np.concatenate([effects[..., None], intervals], axis=-1)  # (L, nh, 3)
+    summary = tensor_summary(PROBE_PLUGIN_NAME, PATCHING_TAG,
+                             patching_content(pairs, n_skipped, pair_effects.shape,
+                                              interval_level), grid)
+    summary.value.extend(tensor_summary(PROBE_PLUGIN_NAME, PATCHING_POSITIONS_TAG,
+                                        {"version": FORMAT_VERSION}, pair_effects).value)
+    return summary
+
+
 def write_attention(writer, name: str, capture: AttentionCapture, step: int) -> None:
     """Add one text's attention to a torch SummaryWriter's event file, for the attention tab."""
     writer.file_writer.add_summary(attention_summary(name, capture, step), step)
@@ -82,3 +128,10 @@ def write_attention(writer, name: str, capture: AttentionCapture, step: int) -> 
 def write_probe(writer, n: int, accuracy: np.ndarray) -> None:
     """Add a tinylm-probe report's (L, nh) accuracy over n items to a torch SummaryWriter."""
     writer.file_writer.add_summary(probe_summary(n, accuracy), 0)
+
+
+def write_patching(writer, effects: np.ndarray, intervals: np.ndarray, pair_effects: np.ndarray,
+                   pairs: list[dict], n_skipped: int, interval_level: float | None = None) -> None:
+    """Add an activation-patching report (see patching_summary) to a torch SummaryWriter."""
+    writer.file_writer.add_summary(patching_summary(
+        effects, intervals, pair_effects, pairs, n_skipped, interval_level), 0)

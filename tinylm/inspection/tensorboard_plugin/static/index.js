@@ -7,6 +7,10 @@
 // Weights arrive as float16 bytes, (n_layer, n_head, T, T), row q = where query token q looks.
 // Word level follows capture.py's word_level: attention *to* a word sums its tokens' columns,
 // attention *from* a word averages its tokens' rows.
+//
+// A run with an activation-patching report (tinylm-probe patch=true) gets its layer x head grid
+// of effects beside the attention's, and for the selected head the effect at each position of a
+// pair's clean text; both grids select the same head (state.layer, state.head).
 
 const ANTECEDENTS_SHOWN = 3;  // as tinylm-generate inspect=true's pronoun tables
 
@@ -15,6 +19,8 @@ const state = {
   layer: 0, head: 0,  // head: a number, or "all" for the small multiples
   level: "word", reverse: false,
   query: null, locked: false,  // query: the token whose row (or column) is shown
+  patching: [],  // every run's patching report (effects per head, its pairs without tokens)
+  report: null, pair: null,  // the selected text's run's report; the pair drawn (with tokens)
 };
 const el = {};  // the tab's fixed elements, made once by render()
 // performance.now() readings the browser test prints: ms since the iframe began to load
@@ -67,12 +73,27 @@ async function loadText(run, tag) {
   }
   const wordTokens = content.words.map(() => []);
   content.token_words.forEach((w, t) => { if (w >= 0) wordTokens[w].push(t); });
-  Object.assign(state, {content, weights, wordTokens, nLayer, nHead, T, query: null,
+  // open on something readable without a click: the first pronoun, its attention row shaded
+  const pronoun = content.pronouns.length ? wordTokens[content.pronouns[0]][0] : null;
+  Object.assign(state, {content, weights, wordTokens, nLayer, nHead, T, query: pronoun,
                         locked: false});
   state.layer = Math.min(state.layer, nLayer - 1);
   if (state.head !== "all") state.head = Math.min(state.head, nHead - 1);
   drawText();
   window.tinylmTiming.textLoadMs = performance.now() - start;
+}
+
+// One pair of the selected run's patching report: its clean tokens, (L, nh, T) effects.
+async function loadPair(index) {
+  const query = `run=${encodeURIComponent(state.report.run)}&pair=${index}`;
+  state.pair = null;
+  try {
+    state.pair = unlessSkipped(await getJSON(`patching_pair?${query}`));
+    el.pair.value = String(index);
+  } catch (error) {
+    showProblem(`Cannot load pair ${index} of the patching report: ${error.message}`);
+  }
+  drawPatching();
 }
 
 // ------------------------------------------------------------------------- attention math
@@ -233,6 +254,7 @@ function redraw() {
     state.shown = mean;
   }
   drawPronounPanel();
+  drawPatching();
   drawProbeGrids();
   drawStatus(null);
   void document.body.offsetHeight;  // count the layout the change causes, not just the JS
@@ -289,6 +311,7 @@ function drawPronounPanel() {
         const [[w, v] = [-1, 0]] = antecedents(layer, head, pronoun);
         const cell = make("td", {title: `layer ${layer} head ${head}: ${v.toFixed(3)}`},
                           w >= 0 ? word(w) : "");
+        Object.assign(cell.dataset, {layer, head});
         cell.classList.toggle("selected", heads.some(([l, h]) => l === layer && h === head));
         cell.addEventListener("click", () => selectHead(layer, head));
         return cell;
@@ -300,6 +323,87 @@ function drawPronounPanel() {
     make("p", {textContent: "Each head's most-attended earlier word from the pronoun (click to "
                             + "select the head):"}),
     table);
+}
+
+// Diverging colour of a patching effect: red where the head carries the name's effect (1: all
+// of it), blue where it pushes the other way, white at 0; null (undefined) stays blank.
+function effectColour(v) {
+  if (v === null) return "";
+  const alpha = Math.min(1, Math.abs(v));
+  return v >= 0 ? `rgba(198, 40, 40, ${alpha})` : `rgba(21, 101, 192, ${alpha})`;
+}
+
+function effectText(v, digits = 3) {
+  return v === null ? "undefined" : v.toFixed(digits);
+}
+
+// The selected run's patching grid (layer x head) and, for the selected head, its effect at
+// each position of the chosen pair's clean text. Another run's report is only named: its heads
+// belong to the model that run probed.
+function drawPatching() {
+  const report = state.report;
+  if (!report) {
+    const elsewhere = state.patching.map((r) => `"${r.run}"`);
+    el.patching.replaceChildren(...(elsewhere.length ? [make("p", {className: "hint",
+      textContent: `Activation patching of run ${elsewhere.join(", ")}: pick one of its texts `
+        + "to see it beside the attention."})] : []));
+    return;
+  }
+  const level = report.interval_level === null ? ""
+    : `${Math.round(100 * report.interval_level)}% `;
+  const selected = selectedHeads();
+  const isSelected = (l, h) => selected.some(([layer, head]) => layer === l && head === h);
+  const rows = report.effect.map((row, layer) => make("tr", {},
+    make("th", {textContent: `L${layer}`}),
+    ...row.map((v, head) => {
+      const [low, high] = report.interval[layer][head];
+      const cell = make("td", {textContent: v === null ? "–" : v.toFixed(2),
+        title: `layer ${layer} head ${head}: effect ${effectText(v)}, `
+          + `${level}bootstrap interval ${effectText(low)} .. ${effectText(high)}`});
+      Object.assign(cell.dataset, {layer, head, effect: effectText(v, 4)});
+      cell.style.backgroundColor = effectColour(v);
+      cell.classList.toggle("strong", v !== null && Math.abs(v) > 0.6);
+      cell.classList.toggle("selected", isSelected(layer, head));
+      cell.addEventListener("click", () => selectHead(layer, head));
+      return cell;
+    })));
+  const header = make("tr", {}, make("th"),
+                      ...report.effect[0].map((_, h) => make("th", {textContent: `H${h}`})));
+  el.patching.replaceChildren(
+    make("p", {textContent: `Activation patching (run "${report.run}", `
+      + `${report.pairs.length} pairs, ${report.n_skipped} skipped): the share of the name's `
+      + "effect on the pronoun each head carries, patched at every position (hover: interval):"}),
+    make("table", {className: "patch-grid"}, header, ...rows),
+    make("label", {}, "pair ", el.pair),
+    drawPatchingStrip());
+}
+
+// The effect of the selected head patched at one position at a time, over the pair's tokens.
+function drawPatchingStrip() {
+  const pair = state.pair;
+  if (!pair) return make("p");
+  if (state.head === "all") {
+    return make("p", {className: "hint", textContent: "Pick one head to see its effect at each "
+                                                      + "position."});
+  }
+  const effects = pair.effect[state.layer]?.[state.head];
+  if (!effects) return make("p", {className: "hint",  // a report of another model's shape
+    textContent: `The patching report has no layer ${state.layer} head ${state.head}.`});
+  const tokens = pair.tokens.map((token, p) => {
+    const v = effects[p], span = make("span", {className: "patch-token",
+      textContent: token.replace(/\n/g, "⏎"),
+      title: `${JSON.stringify(token)} (position ${p}): effect ${effectText(v)}`});
+    Object.assign(span.dataset, {position: p, effect: effectText(v, 4)});
+    span.style.backgroundColor = effectColour(v);
+    span.classList.toggle("deciding", p === pair.position);
+    return span;
+  });
+  return make("div", {id: "patch-strip"},
+    make("p", {textContent: `L${state.layer} H${state.head} patched at one position at a time, `
+      + `pair ${pair.pair} (${pair.source}): "${pair.pronoun}" vs "${pair.wrong_pronoun}", `
+      + `margin ${pair.m_clean.toFixed(2)} clean, ${pair.m_counterfactual.toFixed(2)} `
+      + "counterfactual; the deciding token is outlined:"}),
+    make("div", {className: "patch-tokens"}, ...tokens));
 }
 
 function drawProbeGrids() {
@@ -394,13 +498,22 @@ async function chooseText(index, step = null) {
   const steps = state.text.steps;
   const chosen = step === null ? steps[steps.length - 1] : steps.find((s) => s.step === step);
   fillSelect(el.step, steps.map((s) => [s.step, `step ${s.step}`]), chosen.step);
+  state.report = state.patching.find((r) => r.run === state.text.run) || null;
+  state.pair = null;
   try {
     await loadText(state.text.run, chosen.tag);
-    return true;
   } catch (error) {
     showProblem(error.message);
     return false;
   }
+  if (state.report) {
+    fillSelect(el.pair, state.report.pairs.map((p, i) => [i, `${i}: ${p.source}`]), 0);
+    // tinylm-probe writes pair i's clean text as "patching/pair_<i>": show that pair beside it
+    const match = /^patching\/pair_(\d+)$/.exec(state.text.name);
+    const index = match && Number(match[1]) < state.report.pairs.length ? Number(match[1]) : 0;
+    await loadPair(index);
+  }
+  return true;
 }
 
 function onTokenEvent(event) {
@@ -432,6 +545,7 @@ export async function render() {
     note: make("p", {id: "note"}), tokens: make("div", {id: "tokens"}),
     heads: make("div", {id: "heads"}), status: make("p", {id: "status"}),
     pronoun: make("div", {id: "pronoun"}), probes: make("div", {id: "probes"}),
+    patching: make("div", {id: "patching"}), pair: make("select", {id: "pair-select"}),
   });
   fillSelect(el.level, [["word", "words"], ["token", "tokens"]], state.level);
   el.main = make("div", {id: "main"},
@@ -439,7 +553,8 @@ export async function render() {
          labelled("layer ", el.layer), labelled("head ", el.head),
          labelled("level ", el.level),
          labelled("", el.reverse), make("span", {textContent: " reverse: who looks at it"})),
-    el.note, el.tokens, el.status, el.heads, el.pronoun, el.probes);
+    el.note, el.tokens, el.status, el.heads,
+    make("div", {id: "grids"}, el.pronoun, el.patching), el.probes);
   document.body.append(make("h3", {textContent: "tinylm attention"}), el.problems, el.empty,
                        el.main);
 
@@ -453,18 +568,22 @@ export async function render() {
   el.reverse.addEventListener("change", () => { state.reverse = el.reverse.checked; redraw(); });
   el.tokens.addEventListener("mouseover", onTokenEvent);
   el.tokens.addEventListener("click", onTokenEvent);
+  el.pair.addEventListener("change", () => loadPair(Number(el.pair.value)));
 
   // one route that fails leaves the other's data drawn, and says what failed
   const failed = (what) => (error) => {
     showProblem(`Cannot load the ${what}: ${error.message}`);
     return null;
   };
-  const [listing, probes] = await Promise.all([
+  const [listing, probes, patching] = await Promise.all([
     getJSON("texts").catch(failed("list of texts")),
-    getJSON("probes").catch(failed("probe reports"))]);
+    getJSON("probes").catch(failed("probe reports")),
+    getJSON("patching").catch(failed("patching reports"))]);
   state.listing = listing || {texts: [], problems: [], empty: ""};
   state.probes = probes ? probes.reports : [];
-  drawListing([...state.listing.problems, ...(probes ? probes.problems : [])]);
+  state.patching = patching ? patching.reports : [];
+  drawListing([...state.listing.problems, ...(probes ? probes.problems : []),
+               ...(patching ? patching.problems : [])]);
   // the first text that can be drawn: a skipped one is named among the problems
   for (let i = 0; i < state.listing.texts.length && !(await chooseText(i)); i++);
   window.tinylmTiming.firstDrawMs = performance.now();
