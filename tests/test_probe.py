@@ -576,6 +576,22 @@ def test_each_kind_alone_reports_what_it_can(run_dir, tmp_path, capsys):
     assert json.loads((tmp_path / "b.json").read_text()) == report
 
 
+def test_patch_fast_reports_attribution_patching_in_the_same_shape(run_dir, tmp_path, capsys):
+    probe_file = str(project_root() / "data" / "probes" / "agreement.jsonl")
+    reports = [run_probe(ProbeConfig(checkpoint=str(run_dir), probe_file=probe_file,
+                                     logdir=str(tmp_path / how), patch=patch))["patching"]
+               for how, patch in (("exact", True), ("fast", "fast"))]
+    exact, fast = reports
+    assert (exact["method"], fast["method"]) == ("exact", "attribution")
+    assert "patching (attribution): each head's output copied from the counterfactual text into " \
+        "the clean one, estimated to first order from gradients" in capsys.readouterr().out
+    assert [p["clean_ids"] for p in fast["pairs"]] == [p["clean_ids"] for p in exact["pairs"]]
+    assert [p["m_clean"] for p in fast["pairs"]] == pytest.approx(
+        [p["m_clean"] for p in exact["pairs"]], abs=1e-5)
+    assert [(h["layer"], h["head"]) for h in fast["heads"]] == \
+        [(h["layer"], h["head"]) for h in exact["heads"]]
+
+
 def test_patching_without_a_pair_says_why_and_writes_the_rest(run_dir, bpe, tmp_path, capsys):
     # a partner one token longer: the pair would misalign every position, so it is skipped
     clean = "Tom ran. He sat."

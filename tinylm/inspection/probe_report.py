@@ -111,8 +111,8 @@ def format_patching(patching: dict, n_layer: int, n_head: int, top_cells: int = 
     the strongest (layer, head, position) cells with the tokens at that position."""
     heads = patching["heads"]
     how = ("each head's output copied from the counterfactual text (the other name) into the "
-           "clean one" if patching["method"] == "exact" else
-           "attribution patching (a first-order estimate of copying each head's output")
+           "clean one" if patching["method"] == "exact" else "each head's output copied from the "
+           "counterfactual text into the clean one, estimated to first order from gradients")
     skipped = (f"{patching['n_skipped']} skipped: the report lists each and why"
                if patching["n_skipped"] else "none skipped")
     lines = [f"patching ({patching['method']}): {how}, at every position at once, over "
@@ -240,9 +240,10 @@ def patching_arrays(patching: dict, n_layer: int, n_head: int
     by_pair = np.full((len(pairs), n_layer, n_head, max(p["position"] + 1 for p in pairs)),
                       np.nan)
     for i, p in enumerate(pairs):
-        moved = np.array(p["m_patched_by_position"], dtype=float) - p["m_clean"]
-        with np.errstate(divide="ignore", invalid="ignore"):
-            by_pair[i, ..., :p["position"] + 1] = moved / (p["m_counterfactual"] - p["m_clean"])
+        moved = np.array(p["m_patched_by_position"], dtype=float) - p["m_clean"]  # None: NaN
+        change = p["m_counterfactual"] - p["m_clean"]
+        if change:  # else the name changes nothing in this pair: its effects stay undefined
+            by_pair[i, ..., :p["position"] + 1] = moved / change
     shown = [{"source": p["source"], "tokens": p["clean_tokens"], "position": p["position"],
               "m_clean": p["m_clean"], "m_counterfactual": p["m_counterfactual"],
               "pronoun": p["target_tokens"][0], "wrong_pronoun": p["target_tokens"][1]}
