@@ -338,6 +338,15 @@ def test_the_bootstrap_interval_holds_the_effect_and_repeats_with_its_seed():
     assert low < low_50 < high_50 < high
 
 
+def test_a_result_read_back_from_its_json_has_the_same_numbers():
+    result = hand_made_result()
+    back = PatchingResult.from_json(result.to_json())
+    assert back.pairs == result.pairs and back.method == result.method
+    for name in ("m_clean", "m_counterfactual", "m_patched_by_position", "m_patched_all"):
+        np.testing.assert_array_equal(getattr(back, name), getattr(result, name))
+    np.testing.assert_array_equal(back.pair_effects(), result.pair_effects())
+
+
 def test_the_json_section_holds_what_a_reader_needs_to_recompute_it():
     result = hand_made_result()
     report = result.to_json()

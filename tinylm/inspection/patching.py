@@ -159,6 +159,22 @@ class PatchingResult:
         bounds = np.quantile(ratios, [(1 - level) / 2, (1 + level) / 2], axis=0)  # (2, L*nh)
         return bounds.T.reshape(L, nh, 2)
 
+    @classmethod
+    def from_json(cls, section: dict) -> PatchingResult:
+        """The result back from probe.json's `patching` section (to_json's): its pairs and every
+        m, as arrays (null: NaN)."""
+        pairs = [PatchPair(p["source"], p["clean_ids"], p["counterfactual_ids"],
+                           tuple(p["target_ids"])) for p in section["pairs"]]
+        at_all = np.array([p["m_patched_all"] for p in section["pairs"]], dtype=float)
+        by_position = np.full((*at_all.shape, max(len(p.clean_ids) for p in pairs)), np.nan)
+        for i, p in enumerate(section["pairs"]):
+            by_position[i, ..., :len(pairs[i].clean_ids)] = np.array(
+                p["m_patched_by_position"], dtype=float)
+        m_clean, m_counterfactual = (np.array([p[key] for p in section["pairs"]], dtype=float)
+                                     for key in ("m_clean", "m_counterfactual"))
+        return cls(pairs, section["skipped"], m_clean, m_counterfactual, by_position, at_all,
+                   section["method"])
+
     def to_json(self, skipped: list[dict] | None = None, n_resamples: int = 1000,
                 level: float = 0.95, seed: int = 0) -> dict:
         """probe.json's `patching` section; `skipped` (from build_pairs) replaces self.skipped."""

@@ -14,6 +14,7 @@ from typing import NamedTuple
 
 import numpy as np
 
+from tinylm.inspection.patching import PatchingResult
 from tinylm.inspection.probe import ABLATION, MIN_MARGIN_LOSS, MIN_PATCH_EFFECT, OVER_MEDIAN
 from tinylm.tables import columns
 
@@ -233,22 +234,15 @@ def patching_arrays(patching: dict, n_layer: int, n_head: int
     """What the attention tab draws of the report's `patching`: effects (L, nh), intervals
     (L, nh, 2), each pair's own effect at each position of its clean text (P, L, nh, T_max),
     NaN past its end, and the pairs' words."""
-    pairs = patching["pairs"]
     effects = _grid(patching["heads"], "effect", n_layer, n_head)
-    intervals = np.stack([_grid([{**h, "x": h["interval"][side]} for h in patching["heads"]],
-                                "x", n_layer, n_head) for side in (0, 1)], axis=-1)
-    by_pair = np.full((len(pairs), n_layer, n_head, max(p["position"] + 1 for p in pairs)),
-                      np.nan)
-    for i, p in enumerate(pairs):
-        moved = np.array(p["m_patched_by_position"], dtype=float) - p["m_clean"]  # None: NaN
-        change = p["m_counterfactual"] - p["m_clean"]
-        if change:  # else the name changes nothing in this pair: its effects stay undefined
-            by_pair[i, ..., :p["position"] + 1] = moved / change
+    intervals = np.full((n_layer, n_head, 2), np.nan)
+    for h in patching["heads"]:
+        intervals[h["layer"], h["head"]] = np.array(h["interval"], dtype=float)  # null: NaN
     shown = [{"source": p["source"], "tokens": p["clean_tokens"], "position": p["position"],
               "m_clean": p["m_clean"], "m_counterfactual": p["m_counterfactual"],
               "pronoun": p["target_tokens"][0], "wrong_pronoun": p["target_tokens"][1]}
-             for p in pairs]
-    return effects, intervals, by_pair, shown
+             for p in patching["pairs"]]
+    return effects, intervals, PatchingResult.from_json(patching).pair_effects(), shown
 
 
 def write_probe_figures(report: dict, folder: str | Path, n_layer: int, n_head: int,
