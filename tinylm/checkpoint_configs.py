@@ -86,21 +86,29 @@ def read_model_config(file: Path, weights: Path) -> tuple[ModelConfig, dict[str,
     return config, records
 
 
+def yaml_in(file: Path) -> object:
+    """The YAML in `file`, parsed; ValueError saying in one line why where it is not YAML."""
+    try:
+        return yaml.safe_load(file.read_text(encoding="utf-8"))
+    except yaml.MarkedYAMLError as err:  # its str spans lines: the problem and where
+        mark = err.problem_mark
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        raise ValueError(f"{err.problem or err.context}{where}") from None
+    except (yaml.YAMLError, UnicodeDecodeError) as err:
+        raise ValueError(str(err).splitlines()[0]) from None
+    except RecursionError:
+        raise ValueError("it is nested too deeply") from None
+
+
 def read_run_config(file: Path) -> dict:
     """A checkpoint's config.yaml ({} where there is none), refused in one line naming it
     where it is not YAML holding a mapping, as save_checkpoint wrote it."""
     if not file.is_file():
         return {}
     try:
-        values = yaml.safe_load(file.read_text(encoding="utf-8"))
-    except yaml.MarkedYAMLError as err:  # its str spans lines: the problem and where
-        mark = err.problem_mark
-        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        why = f"{err.problem or err.context}{where}"
-    except (yaml.YAMLError, UnicodeDecodeError) as err:
-        why = str(err).splitlines()[0]
-    except RecursionError:
-        why = "it is nested too deeply"
+        values = yaml_in(file)
+    except ValueError as err:
+        why = str(err)
     else:
         if isinstance(values, dict) or values is None:
             return values or {}

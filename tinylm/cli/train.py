@@ -25,7 +25,6 @@ from collections.abc import Callable
 from pathlib import Path
 
 import torch.distributed as dist
-import yaml
 from hydra import compose, initialize_config_dir
 from hydra.core.hydra_config import HydraConfig
 from hydra.core.override_parser.overrides_parser import OverridesParser
@@ -35,6 +34,7 @@ from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from tinylm.checkpoint import CHECKPOINTS_DIR, tagged_checkpoint
+from tinylm.checkpoint_configs import yaml_in
 from tinylm.cli import (
     command,
     config_dir,
@@ -295,9 +295,9 @@ def read_record(file: Path) -> object:
     if not file.is_file() or file.stat().st_size > 1 << 20:  # a FIFO would block the read
         raise ValueError(f"{file} is not a file of a few KB")
     try:
-        return yaml.safe_load(file.read_text(encoding="utf-8"))
-    except (OSError, yaml.YAMLError, RecursionError) as err:
-        raise ValueError(f"{file}: {type(err).__name__}") from None
+        return yaml_in(file)  # ValueError where it is not YAML
+    except OSError as err:
+        raise ValueError(f"{file}: {err.strerror}") from None
 
 
 def recorded_overrides(run_dir: Path) -> list[Override]:
