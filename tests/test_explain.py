@@ -246,6 +246,14 @@ def test_qkv_file_is_read_and_checked(tmp_path):
     bad.write_text("q: [[1, 0]]\nw: [[1]]\n")
     with pytest.raises(ValueError, match="has unknown key w; allowed: q, k, v, x"):
         explain(ExplainConfig(qkv_file=str(bad)))
+    for broken, why in (("q: [[1, 0]\nk: 3\n", "expected ',' or ']', but got '<scalar>' at line "
+                                                "2, column 1"),
+                        (b"\xff\xfe", "'utf-8' codec can't decode byte 0xff")):
+        bad.write_bytes(broken if isinstance(broken, bytes) else broken.encode())
+        with pytest.raises(ValueError) as refused:  # one line, naming the file
+            explain(ExplainConfig(qkv_file=str(bad)))
+        assert str(refused.value).startswith(f"qkv_file={str(bad)!r} is not valid JSON or YAML: "
+                                             + why) and "\n" not in str(refused.value)
 
 
 def test_a_number_past_float32_on_the_command_line_is_refused():

@@ -25,8 +25,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import yaml  # JSON is YAML, so one reader serves both
 
+from tinylm.checkpoint_configs import yaml_in  # JSON is YAML: one reader serves both
 from tinylm.cli import command
 from tinylm.cli.loading import load_for_command
 from tinylm.cli.sizes import refuse_qkv_file, refuse_unprintable
@@ -139,9 +139,9 @@ def read_qkv_file(path: str) -> dict[str, Any]:
         raise ValueError(f"qkv_file={path!r} is not a regular file; name a JSON or YAML file")
     refuse_qkv_file(path, file.stat().st_size)
     try:
-        data = yaml.safe_load(file.read_text())
-    except yaml.YAMLError as err:
-        raise ValueError(f"qkv_file={path!r} is not valid JSON or YAML: {err}") from err
+        data = yaml_in(file)
+    except ValueError as err:
+        raise ValueError(f"qkv_file={path!r} is not valid JSON or YAML: {err}") from None
     if not isinstance(data, dict) or not data:
         raise ValueError(f"qkv_file={path!r} must hold a mapping with keys among "
                          f"{', '.join(QKV_FILE_KEYS)}")
