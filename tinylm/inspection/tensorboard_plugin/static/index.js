@@ -151,6 +151,23 @@ function selectedHeads() {
   return Array.from({length: state.nHead}, (_, h) => [state.layer, h]);
 }
 
+// A layer x head table; cellAt(layer, head) makes each cell (its text, title, colour), marked
+// where isSelected(layer, head) says, and a click on a cell selects its head in every table.
+function headTable(className, corner, nLayer, nHead, cellAt, isSelected) {
+  const header = make("tr", {}, make("th", {textContent: corner}),
+                      ...Array.from({length: nHead}, (_, h) => make("th", {textContent: `H${h}`})));
+  const rows = Array.from({length: nLayer}, (_, layer) => make("tr", {},
+    make("th", {textContent: `L${layer}`}),
+    ...Array.from({length: nHead}, (_, head) => {
+      const cell = cellAt(layer, head);
+      Object.assign(cell.dataset, {layer, head});
+      cell.classList.toggle("selected", isSelected(layer, head));
+      cell.addEventListener("click", () => selectHead(layer, head));
+      return cell;
+    })));
+  return make("table", {className}, header, ...rows);
+}
+
 // Attention from one token to every word (a row of capture.py's key_words).
 function keyWordRow(layer, head, q) {
   const row = new Float64Array(state.wordTokens.length);
@@ -302,20 +319,13 @@ function drawPronounPanel() {
     const from = position === "deciding" ? "from the token before it" : "from the pronoun";
     return make("div", {}, make("b", {textContent: `L${layer} H${head} ${from}`}), list);
   }));
-  const table = make("table", {className: "best-per-head"},
-    make("tr", {}, make("th", {textContent: "top word"}),
-         ...Array.from({length: state.nHead}, (_, h) => make("th", {textContent: `H${h}`}))),
-    ...Array.from({length: state.nLayer}, (_, layer) => make("tr", {},
-      make("th", {textContent: `L${layer}`}),
-      ...Array.from({length: state.nHead}, (_, head) => {
-        const [[w, v] = [-1, 0]] = antecedents(layer, head, pronoun);
-        const cell = make("td", {title: `layer ${layer} head ${head}: ${v.toFixed(3)}`},
-                          w >= 0 ? word(w) : "");
-        Object.assign(cell.dataset, {layer, head});
-        cell.classList.toggle("selected", heads.some(([l, h]) => l === layer && h === head));
-        cell.addEventListener("click", () => selectHead(layer, head));
-        return cell;
-      }))));
+  const table = headTable("best-per-head", "top word", state.nLayer, state.nHead,
+    (layer, head) => {
+      const [[w, v] = [-1, 0]] = antecedents(layer, head, pronoun);
+      return make("td", {title: `layer ${layer} head ${head}: ${v.toFixed(3)}`},
+                  w >= 0 ? word(w) : "");
+    },
+    (layer, head) => heads.some(([l, h]) => l === layer && h === head));
   el.pronoun.replaceChildren(
     make("p", {}, `"${c.words[pronoun]}" (word ${pronoun}) looks at, summed over sub-word ` +
          "tokens (names in italics):"),
@@ -352,28 +362,23 @@ function drawPatching() {
   const level = report.interval_level === null ? ""
     : `${Math.round(100 * report.interval_level)}% `;
   const selected = selectedHeads();
-  const isSelected = (l, h) => selected.some(([layer, head]) => layer === l && head === h);
-  const rows = report.effect.map((row, layer) => make("tr", {},
-    make("th", {textContent: `L${layer}`}),
-    ...row.map((v, head) => {
-      const [low, high] = report.interval[layer][head];
+  const grid = headTable("patch-grid", "", report.effect.length, report.effect[0].length,
+    (layer, head) => {
+      const v = report.effect[layer][head], [low, high] = report.interval[layer][head];
       const cell = make("td", {textContent: v === null ? "–" : v.toFixed(2),
         title: `layer ${layer} head ${head}: effect ${effectText(v)}, `
           + `${level}bootstrap interval ${effectText(low)} .. ${effectText(high)}`});
-      Object.assign(cell.dataset, {layer, head, effect: effectText(v, 4)});
+      cell.dataset.effect = effectText(v, 4);
       cell.style.backgroundColor = effectColour(v);
       cell.classList.toggle("strong", v !== null && Math.abs(v) > 0.6);
-      cell.classList.toggle("selected", isSelected(layer, head));
-      cell.addEventListener("click", () => selectHead(layer, head));
       return cell;
-    })));
-  const header = make("tr", {}, make("th"),
-                      ...report.effect[0].map((_, h) => make("th", {textContent: `H${h}`})));
+    },
+    (l, h) => selected.some(([layer, head]) => layer === l && head === h));
   el.patching.replaceChildren(
     make("p", {textContent: `Activation patching (run "${report.run}", `
       + `${report.pairs.length} pairs, ${report.n_skipped} skipped): the share of the name's `
       + "effect on the pronoun each head carries, patched at every position (hover: interval):"}),
-    make("table", {className: "patch-grid"}, header, ...rows),
+    grid,
     make("label", {}, "pair ", el.pair),
     drawPatchingStrip());
 }
@@ -408,23 +413,18 @@ function drawPatchingStrip() {
 
 function drawProbeGrids() {
   el.probes.replaceChildren(...state.probes.map((report) => {
-    const rows = report.accuracy.map((row, layer) => make("tr", {},
-      make("th", {textContent: `L${layer}`}),
-      ...row.map((accuracy, head) => {
+    const grid = headTable("probe-grid", "", report.accuracy.length, report.accuracy[0].length,
+      (layer, head) => {
+        const accuracy = report.accuracy[layer][head];
         const cell = make("td", {textContent: accuracy === null ? "" : accuracy.toFixed(2)});
-        cell.dataset.layer = layer;
-        cell.dataset.head = head;
         if (accuracy !== null) cell.style.backgroundColor = `rgba(30, 120, 60, ${accuracy})`;
-        cell.classList.toggle("selected", state.layer === layer && state.head === head);
-        cell.addEventListener("click", () => selectHead(layer, head));
         return cell;
-      })));
-    const header = make("tr", {}, make("th"),
-                        ...report.accuracy[0].map((_, h) => make("th", {textContent: `H${h}`})));
+      },
+      (layer, head) => state.layer === layer && state.head === head);
     return make("div", {className: "probe"},
       make("p", {textContent: `Probe accuracy per head (run "${report.run}", ` +
                               `${report.n} items); click a cell to select that head:`}),
-      make("table", {className: "probe-grid"}, header, ...rows));
+      grid);
   }));
 }
 
