@@ -24,7 +24,8 @@ import torch
 
 from tinylm.checkpoint import load_checkpoint
 from tinylm.inspection.patching import PatchPair, attribution_patch, build_pairs, patch_heads
-from tinylm.inspection.probe_items import load_probe_file, shipped_probe
+from tinylm.inspection.probe_items import shipped_probe
+from tinylm.inspection.probe_types import load_probe_file
 from tinylm.model import ModelConfig, TinyLM
 
 
@@ -39,10 +40,11 @@ def cpu_name() -> str:
 
 
 def gpt2_shaped(n_embd: int, seed: int = 0) -> TinyLM:
-    """A random 12-layer, 12-head model shaped like GPT-2 small but n_embd wide, in eval mode."""
+    """A random 12-layer, 12-head model shaped like GPT-2 small but n_embd wide, in eval mode
+    (GELU's exact form, not GPT-2's tanh one: the same cost)."""
     torch.manual_seed(seed)
     config = ModelConfig(vocab_size=50257, block_size=1024, n_layer=12, n_head=12, n_embd=n_embd,
-                         dropout=0.0, bias=True, activation="gelu_tanh")
+                         dropout=0.0, bias=True)
     return TinyLM(config).eval()
 
 
@@ -100,7 +102,7 @@ def main():
     c, lengths = model.config, [len(p.clean_ids) for p in pairs]
     print(f"CPU: {cpu_name()}, {torch.get_num_threads()} torch threads")
     print(f"model: {name} ({c.n_layer} layers x {c.n_head} heads, n_embd {c.n_embd}, "
-          f"{model.wte.weight.dtype}); {len(pairs)} pairs ({len(skipped)} skipped) of "
+          f"{next(model.parameters()).dtype}); {len(pairs)} pairs ({len(skipped)} skipped) of "
           f"{min(lengths)}-{max(lengths)} tokens from {args.probe_file}")
     exact, exact_s = timed(patch_heads, model, pairs, args.batch_size)
     estimate, estimate_s = timed(attribution_patch, model, pairs, args.batch_size)

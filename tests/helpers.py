@@ -1,6 +1,6 @@
 """Plain functions the test files share: the real conf/ composed, a saved run, a command-line run,
-a tensorboard server, random attention weights. The fixtures built from them live in
-conftest.py."""
+a tensorboard server, random attention weights, attention's weights read at its hook point. The
+fixtures built from them live in conftest.py."""
 
 import contextlib
 import os
@@ -18,6 +18,7 @@ from omegaconf import DictConfig, OmegaConf
 import tinylm.config
 from tinylm.checkpoint import save_checkpoint
 from tinylm.cli import config_dir, register, run_schemas
+from tinylm.hooks import caching
 from tinylm.train.run_config import RunConfig
 
 # A tiny model on a tiny corpus: a run of 30 steps takes about a second on a quiet core.
@@ -39,6 +40,14 @@ def causal_weights(seed: int, shape: tuple[int, ...]) -> np.ndarray:
     row summing to 1 over the keys it may see."""
     w = np.tril(np.random.default_rng(seed).random(shape)).astype(np.float32)
     return w / w.sum(-1, keepdims=True)
+
+
+def attention_with_weights(mha, x, **kwargs):
+    """mha(x, **kwargs) and its weights (B, n_head, T_q, T_k), read at its hook point
+    hook_pattern (which makes it take the explicit path): (y, weights)."""
+    with caching(mha, ["hook_pattern"], detach=False) as cache:
+        y = mha(x, **kwargs)
+    return y, cache["hook_pattern"]
 
 
 def schemas() -> dict[str, type]:

@@ -1,10 +1,12 @@
-"""Behaviour of tinylm.attention: the worked example, masking, stability, both paths, the cache."""
+"""Behaviour of tinylm.attention: the worked example, masking, stability, both paths, the cache,
+the hook points and the head interventions built on them."""
 
 import math
 
 import pytest
 import torch
 import torch.nn.functional as F
+from helpers import attention_with_weights
 from torch import nn
 
 import tinylm.fast
@@ -14,8 +16,10 @@ from tinylm.attention import (
     causal_mask,
     scaled_dot_product_attention,
     unshifted_exps,
-    value_terms,
+    weighted_values,
 )
+from tinylm.hooks import caching, hook_points, hooks
+from tinylm.inspection.interventions import head_replaced, heads_scaled
 from tinylm.kv_cache import KVCache
 
 # The worked example of docs/attention.md: 3 tokens, d = 2, K = Q
@@ -44,9 +48,9 @@ def test_worked_example_intermediate_steps():
     assert torch.equal(unshifted_exps(steps)[0], unshifted)
 
 
-def test_value_terms_sum_to_the_output():
+def test_weighted_values_sum_to_the_output():
     steps = attention_steps(Q, K, V)
-    terms = value_terms(steps.weights, V)  # (T_q, T_k, d_v)
+    terms = weighted_values(steps.weights, V)  # (T_q, T_k, d_v)
     assert terms.shape == (3, 3, 2)
     assert torch.allclose(terms[0, 1], steps.weights[0, 1] * V[1])
     torch.testing.assert_close(terms.sum(-2), steps.output)
@@ -116,14 +120,14 @@ def test_explicit_path_equals_fused_path_outputs_and_gradients():
     x = torch.randn(3, 10, 32)
     x_fused, x_explicit = x.clone().requires_grad_(), x.clone().requires_grad_()
 
-    y_fused, none = mha(x_fused)
+    y_fused = mha(x_fused)
     y_fused.square().sum().backward()
     grads_fused = [p.grad.clone() for p in mha.parameters()]
     mha.zero_grad()
-    y_explicit, weights = mha(x_explicit, need_weights=True)
+    y_explicit, weights = attention_with_weights(mha, x_explicit)
     y_explicit.square().sum().backward()
 
-    assert none is None and weights.shape == (3, 4, 10, 10)
+    assert weights.shape == (3, 4, 10, 10)
     assert (y_fused - y_explicit).abs().max() <= 1e-5
     assert (x_fused.grad - x_explicit.grad).abs().max() <= 1e-5
     for g_fused, p in zip(grads_fused, mha.parameters(), strict=True):
@@ -139,24 +143,29 @@ def test_matches_torch_multihead_attention_with_the_same_weights():
         reference.out_proj.weight.copy_(mha.out_proj.weight)
         reference.out_proj.bias.copy_(mha.out_proj.bias)
     x = torch.randn(2, 7, 32)
-    ours, our_weights = mha(x, need_weights=True)
+    ours, our_weights = attention_with_weights(mha, x)
     theirs, their_weights = reference(x, x, x, attn_mask=causal_mask(7, 7),
                                       need_weights=True, average_attn_weights=False)
     assert (ours - theirs).abs().max() <= 1e-5
     assert (our_weights - their_weights).abs().max() <= 1e-5
 
 
-@pytest.mark.parametrize("need_weights", [False, True])
-def test_kv_cache_gives_the_same_output_as_the_full_sequence(need_weights):
+@pytest.mark.parametrize("read_weights", [False, True])
+def test_kv_cache_gives_the_same_output_as_the_full_sequence(read_weights):
     mha = _mha(seed=2)
     x = torch.randn(2, 9, 32)
-    full, _ = mha(x)
+    full = mha(x)
     cache = KVCache(1, 2, 4, max_len=16, head_size=8)
     # a 4-token prefill, a 3-token chunk (queries after cached keys), then one token at a time
     pieces = [x[:, :4], x[:, 4:7], x[:, 7:8], x[:, 8:9]]
     outputs = []
     for piece in pieces:
-        outputs.append(mha(piece, kv_cache=cache.layer(0), need_weights=need_weights)[0])
+        if read_weights:
+            y, weights = attention_with_weights(mha, piece, kv_cache=cache.layer(0))
+            assert weights.shape == (2, 4, piece.size(1), cache.length + piece.size(1))
+        else:
+            y = mha(piece, kv_cache=cache.layer(0))
+        outputs.append(y)
         cache.advance(piece.size(1))
     assert cache.length == 9
     assert (torch.cat(outputs, dim=1) - full).abs().max() <= 1e-5
@@ -170,18 +179,138 @@ def test_kv_cache_refuses_to_overflow():
         cache.layer(0).append(torch.zeros(1, 2, 1, 3), torch.zeros(1, 2, 1, 3))
 
 
-def test_head_mask_zero_removes_exactly_that_head():
+# ---- hook points ------------------------------------------------------------------------------
+
+POINTS = ["hook_q", "hook_k", "hook_v", "hook_pattern", "hook_z"]
+
+
+def test_hook_points_have_their_documented_names_and_shapes():
+    mha = _mha(seed=7)
+    assert list(hook_points(mha)) == POINTS  # in the order the forward pass reaches them
+    with caching(mha, POINTS) as cache:
+        mha(torch.randn(2, 5, 32))
+    assert {name: tuple(t.shape) for name, t in cache.items()} == {
+        "hook_q": (2, 4, 5, 8), "hook_k": (2, 4, 5, 8), "hook_v": (2, 4, 5, 8),
+        "hook_pattern": (2, 4, 5, 5), "hook_z": (2, 4, 5, 8)}
+    with pytest.raises(KeyError, match="no hook point 'hook_attn'; there are hook_k, hook_pattern"):
+        with caching(mha, ["hook_attn"]):
+            pass
+
+
+def test_hook_pattern_reads_the_explicit_paths_weights_and_leaves_the_output_of_the_fast_one():
+    mha = _mha(seed=8)
+    x = torch.randn(2, 7, 32)
+    with caching(mha, ["hook_q", "hook_k", "hook_v"]) as qkv:  # the fast path: no pattern read
+        fast = mha(x)
+    y, weights = attention_with_weights(mha, x)
+    steps = mha.steps(qkv["hook_q"], qkv["hook_k"], qkv["hook_v"])
+    assert torch.equal(weights, steps.weights)
+    assert (y - fast).abs().max() <= 1e-5
+    # the head outputs are the weights' mix of the values, as hook_z shows them
+    with caching(mha, ["hook_z"]) as cache:
+        mha(x)
+    assert (cache["hook_z"] - steps.output).abs().max() <= 1e-5
+
+
+def test_a_hook_that_returns_a_replacement_changes_what_follows():
+    mha = _mha(seed=9)
+    x = torch.randn(1, 6, 32)
+    plain = mha(x)
+    with hooks(mha, {"hook_v": torch.zeros_like}):  # nothing to mix: only out_proj's bias
+        torch.testing.assert_close(mha(x), mha.out_proj.bias.expand(1, 6, 32))
+    # every query spreads its weight evenly over the keys it sees: each output is a mean
+    uniform = (~causal_mask(6, 6)).float()
+    uniform = uniform / uniform.sum(-1, keepdim=True)
+    with hooks(mha, {"hook_pattern": lambda w: uniform.expand_as(w)}), \
+            caching(mha, ["hook_v", "hook_z"]) as cache:
+        replaced = mha(x)
+    torch.testing.assert_close(cache["hook_z"], uniform @ cache["hook_v"])
+    assert not torch.allclose(replaced, plain)
+    with hooks(mha, {"hook_q": lambda q: q}):  # a hook that returns its input changes nothing
+        assert torch.equal(mha(x), plain)
+
+
+def test_reading_a_hook_point_changes_no_number():
+    mha = _mha(seed=10)
+    x = torch.randn(2, 6, 32)
+    plain = mha(x)
+    with caching(mha, ["hook_q", "hook_k", "hook_v", "hook_z"]):
+        assert torch.equal(mha(x), plain)
+
+
+def _as_layer_0(mha: MultiHeadAttention) -> nn.Module:
+    """A module holding `mha` where a model holds layer 0's attention (blocks.0.attn), so that the
+    interventions find its hook points by their names in a model."""
+    block, model = nn.Module(), nn.Module()
+    block.attn = mha
+    model.blocks = nn.ModuleList([block])
+    return model
+
+
+def test_heads_scaled_removes_exactly_that_heads_share_of_the_output():
     mha = _mha(seed=3, bias=False)
     x = torch.randn(1, 5, 32)
-    keep_all, _ = mha(x, head_mask=torch.ones(4))
-    without_head_1, _ = mha(x, head_mask=torch.tensor([1.0, 0.0, 1.0, 1.0]))
-    plain, _ = mha(x)
-    assert torch.allclose(keep_all, plain)
-    # removing head 1 subtracts its contribution: its output times its slice of out_proj
-    _, weights = mha(x, need_weights=True)
-    v = mha.qkv_proj(x)[..., 64:].view(1, 5, 4, 8).transpose(1, 2)
-    head_1 = (weights[:, 1] @ v[:, 1]) @ mha.out_proj.weight[:, 8:16].T
-    assert torch.allclose(plain - without_head_1, head_1, atol=1e-5)
+    model = _as_layer_0(mha)
+    with caching(mha, ["hook_z"]) as cache:
+        plain = mha(x)
+    with heads_scaled(model, torch.tensor([[1.0, 1.0, 1.0, 1.0]])):
+        assert not any(p.hooked for p in hook_points(mha).values())  # all 1: nothing to do
+        assert torch.equal(mha(x), plain)
+    with heads_scaled(model, torch.tensor([[1.0, 0.0, 1.0, 1.0]])):
+        without_head_1 = mha(x)
+    with heads_scaled(model, torch.tensor([[1.0, 0.5, 1.0, 1.0]])):
+        half_head_1 = mha(x)
+    # head 1's share: its output (hook_z) times its slice of out_proj
+    head_1 = cache["hook_z"][:, 1] @ mha.out_proj.weight[:, 8:16].T
+    torch.testing.assert_close(plain - without_head_1, head_1)
+    torch.testing.assert_close(plain - half_head_1, 0.5 * head_1)
+    with pytest.raises(ValueError, match="a mask of 2 heads per layer, but layer 0 has 4"):
+        with heads_scaled(model, torch.tensor([[1.0, 0.0]])):
+            mha(x)
+
+
+def test_head_replaced_puts_its_values_in_one_head_where_asked():
+    mha = _mha(seed=11, bias=False)
+    x = torch.randn(2, 5, 32)
+    model = _as_layer_0(mha)
+    plain = mha(x)
+    with heads_scaled(model, torch.tensor([[1.0, 1.0, 0.0, 1.0]])):
+        zeroed = mha(x)
+    with head_replaced(model, 0, 2, torch.zeros(5, 8)):  # zeros: zero-ablation
+        torch.testing.assert_close(mha(x), zeroed)
+    where = torch.zeros(2, 5, dtype=torch.bool)
+    where[1, 3] = True  # one position of one sequence
+    values = torch.randn(2, 5, 8)
+    with head_replaced(model, 0, 2, values, where), caching(mha, ["hook_z"]) as cache:
+        patched = mha(x)
+    assert torch.equal(cache["hook_z"][1, 2, 3], values[1, 3])
+    changed = (patched != plain).any(-1)  # (B, T): a position's output is its own heads' mix
+    assert changed.tolist() == where.tolist()
+    with pytest.raises(ValueError, match="a sequence of 5 tokens, but values for only 4 "
+                                         "positions to put in head 2"):
+        with head_replaced(model, 0, 2, torch.zeros(4, 8)):
+            mha(x)
+    with pytest.raises(ValueError, match=r"values of shape \(5, 6\); a head's output in layer 0 "
+                                         r"is \(positions, 8\)"):
+        with head_replaced(model, 0, 2, torch.zeros(5, 6)):
+            mha(x)
+
+
+def test_no_hook_is_left_registered_after_any_context_even_one_that_raised():
+    mha = _mha(seed=12)
+    model, x = _as_layer_0(mha), torch.randn(1, 4, 32)
+    contexts = [lambda: hooks(mha, {"hook_q": lambda q: q, "hook_pattern": lambda w: None}),
+                lambda: caching(mha, POINTS),
+                lambda: heads_scaled(model, torch.tensor([[0.0, 1.0, 1.0, 1.0]])),
+                lambda: head_replaced(model, 0, 1, torch.zeros(4, 8))]
+    for context in contexts:
+        with context():
+            assert any(p.hooked for p in hook_points(mha).values())
+            mha(x)
+        assert not any(p.hooked for p in hook_points(mha).values())
+        with pytest.raises(RuntimeError, match="stop"), context():
+            raise RuntimeError("stop")
+        assert not any(p.hooked for p in hook_points(mha).values())
 
 
 def test_n_embd_must_divide_into_heads():
@@ -192,9 +321,9 @@ def test_n_embd_must_divide_into_heads():
 def test_fast_path_under_bf16_autocast_stays_close_to_fp32_and_passes_gradients():
     mha = _mha(seed=4)
     x = torch.randn(2, 12, 32, requires_grad=True)
-    reference, _ = mha(x)
+    reference = mha(x)
     with torch.autocast("cpu", dtype=torch.bfloat16):
-        y, _ = mha(x)
+        y = mha(x)
     assert y.dtype == torch.bfloat16
     assert (y.float() - reference).abs().max() <= 2e-2
     y.float().sum().backward()
@@ -205,8 +334,8 @@ def test_bf16_fast_path_matches_the_explicit_path_under_autocast():
     mha = _mha(seed=6)
     x = torch.randn(2, 12, 32)
     with torch.autocast("cpu", dtype=torch.bfloat16):
-        fast, _ = mha(x)
-        explicit, _ = mha(x, need_weights=True)
+        fast = mha(x)
+        explicit, _ = attention_with_weights(mha, x)
     assert fast.dtype == explicit.dtype == torch.bfloat16
     assert (fast.float() - explicit.float()).abs().max() <= 1e-2
 
@@ -220,11 +349,11 @@ def test_with_dropout_the_fast_path_drops_what_the_explicit_path_drops(monkeypat
     mha = MultiHeadAttention(32, 4, dropout=0.3, bias=True).train()
     x = torch.randn(3, 10, 32)
     results = []
-    for need_weights in (False, True):
+    for read_weights in (False, True):
         mha.zero_grad()
         x_path = x.clone().requires_grad_()
         torch.manual_seed(6)
-        y, _ = mha(x_path, need_weights=need_weights)
+        y = attention_with_weights(mha, x_path)[0] if read_weights else mha(x_path)
         y.square().sum().backward()
         results.append((y, x_path.grad, [p.grad.clone() for p in mha.parameters()]))
     (y_fast, gx_fast, grads_fast), (y_explicit, gx_explicit, grads_explicit) = results
@@ -233,4 +362,4 @@ def test_with_dropout_the_fast_path_drops_what_the_explicit_path_drops(monkeypat
     for g_fast, g_explicit in zip(grads_fast, grads_explicit, strict=True):
         assert (g_fast - g_explicit).abs().max() <= 1e-5
     torch.manual_seed(6)
-    assert not torch.allclose(mha(x)[0], mha.eval()(x)[0])  # dropout did drop something
+    assert not torch.allclose(mha(x), mha.eval()(x))  # dropout did drop something

@@ -13,11 +13,12 @@ import torch
 from helpers import run_cli, run_config
 
 import tinylm.fast
-from tinylm.attention import MultiHeadAttention, Variant, attention_steps
+from tinylm.attention import MultiHeadAttention, attention_steps
 from tinylm.checkpoint import load_checkpoint
 from tinylm.device import resolve_device
 from tinylm.fast import dropout, fused_attention, lm_head_cross_entropy
 from tinylm.generate import generate
+from tinylm.hooks import caching
 from tinylm.train.runtime import resolve_precision
 from tinylm.train.trainer import train
 
@@ -62,7 +63,7 @@ def test_the_fused_kernel_equals_attention_steps_on_cuda(dtype, t_q):
     skip_without_bf16(dtype)
     torch.manual_seed(0)
     q, k, v = (torch.randn(2, 4, t, 16, device=CUDA).to(dtype) for t in (t_q, 12, 12))
-    fused = fused_attention(q, k, v, 0.0, Variant())
+    fused = fused_attention(q, k, v, 0.0)
     explicit = attention_steps(q.float(), k.float(), v.float(), is_causal=True).output
     assert fused.dtype == dtype and fused.device.type == "cuda"
     assert explicit.device.type == "cuda"
@@ -77,9 +78,11 @@ def test_the_fast_path_matches_the_explicit_path_under_cuda_autocast(dtype):
     x = torch.randn(2, 12, 32, device=CUDA)
     x_fast, x_explicit = x.clone().requires_grad_(), x.clone().requires_grad_()
     with torch.autocast("cuda", dtype=dtype):
-        fast, none = mha(x_fast)
-        explicit, weights = mha(x_explicit, need_weights=True)
-    assert none is None and weights.shape == (2, 4, 12, 12) and weights.device.type == "cuda"
+        fast = mha(x_fast)
+        with caching(mha, ["hook_pattern"]) as cache:  # a hook on the weights: the explicit path
+            explicit = mha(x_explicit)
+    weights = cache["hook_pattern"]
+    assert weights.shape == (2, 4, 12, 12) and weights.device.type == "cuda"
     assert fast.dtype == explicit.dtype == dtype
     assert (fast.float() - explicit.float()).abs().max() <= TOLERANCE[dtype]
     fast.float().square().sum().backward()

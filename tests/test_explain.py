@@ -12,15 +12,17 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from helpers import compose, to_dataclass
+from helpers import attention_with_weights, compose, to_dataclass
 
 import tinylm.cli.sizes
 from tinylm.attention import MultiHeadAttention
 from tinylm.checkpoint import save_checkpoint
 from tinylm.cli.explain import ExplainConfig, explain
+from tinylm.hooks import hooks
 from tinylm.inspection.walkthrough import (
     example_attention,
     explain_model_head,
+    mask_and_scale,
     model_head_steps,
     multi_head_walk,
 )
@@ -101,7 +103,7 @@ def test_multi_head_walkthrough_equals_multi_head_attention():
     x = torch.randn(5, 8)
     walk = multi_head_walk(attn, x)
     with torch.no_grad():
-        y, weights = attn(x[None], need_weights=True)
+        y, weights = attention_with_weights(attn, x[None])
     torch.testing.assert_close(walk.output, y[0])
     torch.testing.assert_close(walk.steps.weights, weights[0])
     # the concatenation really is the heads' outputs side by side
@@ -125,8 +127,90 @@ def test_checkpoint_head_equals_the_models_own_attention(model, bpe):
         attentions = model(idx[None], return_attention=True).attentions
     for layer in range(2):
         for head in range(2):
-            steps, _, _ = model_head_steps(model, idx, layer, head)
-            torch.testing.assert_close(steps.weights, attentions[layer][0, head])
+            found = model_head_steps(model, idx, layer, head)
+            torch.testing.assert_close(found.steps.weights, attentions[layer][0, head])
+            assert torch.equal(found.weights, attentions[layer][0, head])
+            assert (found.kv_head, found.group) == (head, 1)
+
+
+def test_checkpoint_mode_takes_q_k_v_from_the_hook_points(model, bpe):
+    # q is no longer what qkv_proj gives (as a rotated one is not): recomputed from qkv_proj,
+    # the steps would disagree with the weights the forward pass had
+    idx = torch.tensor(bpe.encode(STORY))
+    with hooks(model, {"blocks.1.attn.hook_q": lambda q: 3 * q.flip(-1)}):
+        found = model_head_steps(model, idx, 1, 0)
+    torch.testing.assert_close(found.steps.weights, found.weights)
+    assert not torch.allclose(found.weights, model_head_steps(model, idx, 1, 0).weights)
+
+
+class GroupedAttention(MultiHeadAttention):
+    """Grouped-query attention as a Llama layer has it: n_head / 2 key/value heads, each shared
+    by two consecutive query heads (here the even heads' keys and values of the plain layer)."""
+
+    def project_heads(self, x, start=0):
+        q, k, v = super().project_heads(x, start)
+        return q, k[:, ::2], v[:, ::2]  # (B, nh, T, hs), (B, nh / 2, T, hs) each
+
+    def attend(self, q, k, v):
+        group = q.size(1) // k.size(1)
+        return super().attend(q, k.repeat_interleave(group, 1), v.repeat_interleave(group, 1))
+
+
+class BandAttention(MultiHeadAttention):
+    """A local layer as GPT-Neo has one: the last 3 positions visible, scores unscaled."""
+
+    scale = 1.0
+
+    def hidden(self, t_q, t_k, device):
+        return torch.ones(t_q, t_k, dtype=torch.bool, device=device).tril(t_k - t_q - 3)
+
+
+class SinkHiddenAttention(MultiHeadAttention):
+    """A layer that never looks at position 0 (except from there): no band."""
+
+    def hidden(self, t_q, t_k, device):
+        hidden = torch.zeros(t_q, t_k, dtype=torch.bool, device=device)
+        hidden[1:, 0] = True
+        return hidden
+
+
+def with_attention(model, cls):
+    """`model` with each layer's attention made a `cls`, with the same weights."""
+    for block in model.blocks:
+        attn = cls(model.config.n_embd, model.config.n_head, 0.0, model.config.bias).eval()
+        attn.load_state_dict(block.attn.state_dict())
+        block.attn = attn
+    return model
+
+
+def test_each_query_head_reads_the_key_value_head_it_shares_with_its_group(tiny_model, bpe):
+    model = with_attention(tiny_model(bpe.vocab_size, n_head=4, n_embd=32), GroupedAttention)
+    idx = torch.tensor(bpe.encode(STORY))
+    for head in range(4):
+        found = model_head_steps(model, idx, 1, head)
+        assert (found.kv_head, found.group) == (head // 2, 2)
+        torch.testing.assert_close(found.steps.weights, found.weights)
+    text = explain_model_head(model, bpe, STORY, layer=1, head=3).text
+    assert ("Its K and V are those of key/value head 1, which query heads 2..3 share "
+            "(grouped-query attention).") in " ".join(text.split())
+    assert re.search(r"same weights \(max difference 0\.0e\+00\)", text)
+
+
+def test_a_local_layers_band_and_scale_are_said_from_its_mask_and_scale(tiny_model, bpe):
+    plain = tiny_model(bpe.vocab_size)
+    assert mask_and_scale(plain.blocks[0].attn, 8, 64) == ""
+    model = with_attention(tiny_model(bpe.vocab_size), BandAttention)
+    assert mask_and_scale(model.blocks[0].attn, 8, 64) == (
+        " and local: each token sees only the last 3 positions (a banded mask); the scores are "
+        "multiplied by 1, not divided by √d (the '/√d' column shows them after that)")
+    text = " ".join(explain_model_head(model, bpe, STORY, layer=1, head=0).text.split())
+    assert "attention is causal and local: each token sees only the last 3 positions" in text
+    found = model_head_steps(model, torch.tensor(bpe.encode(STORY)), 1, 0)
+    assert torch.equal((found.weights > 0).sum(-1)[2:], torch.full((len(found.weights) - 2,), 3))
+    torch.testing.assert_close(found.steps.weights, found.weights)
+    other = with_attention(tiny_model(bpe.vocab_size), SinkHiddenAttention)
+    assert mask_and_scale(other.blocks[0].attn, 8, 64) == (
+        " and masked: some earlier positions are hidden too, besides the later ones")
 
 
 def test_checkpoint_mode_follows_the_query_word_and_shortens_long_rows(model, bpe, tmp_path):

@@ -26,7 +26,8 @@ from tinylm.cli.probe import ProbeConfig, run_probe
 from tinylm.corpus import resolve_files
 from tinylm.data import check_enough_tokens
 from tinylm.generate import generate
-from tinylm.inspection.probe_items import ProbeFileError, load_probe_file
+from tinylm.inspection.probe_items import ProbeFileError
+from tinylm.inspection.probe_types import load_probe_file
 from tinylm.tokenizer import CharTokenizer, load_tokenizer
 from tinylm.train.resume import TRAINER_STATE_KEYS, load_trainer_state
 from tinylm.train.runtime import StoppedAgain

@@ -5,7 +5,7 @@ import torch
 import torch.nn.functional as F
 
 import tinylm.fast
-from tinylm.attention import Variant, attention_steps
+from tinylm.attention import attention_steps, causal_mask
 from tinylm.fast import (
     LEVELS,
     Dropout,
@@ -26,7 +26,7 @@ def test_softmax_attention_equals_the_explicit_path_outputs_and_gradients(t_q, t
     also when the queries are the last t_q of t_k positions (the KV-cache case)."""
     torch.manual_seed(5)
     q, k, v = (torch.randn(2, 3, t, 8, requires_grad=True) for t in (t_q, t_k, t_k))
-    fast = softmax_attention(q, k, v, 0.0, Variant())
+    fast = softmax_attention(q, k, v, 0.0)
     explicit = attention_steps(q, k, v, is_causal=True).output
     assert (fast - explicit).abs().max() <= 1e-5
     g = torch.randn_like(fast)
@@ -36,15 +36,19 @@ def test_softmax_attention_equals_the_explicit_path_outputs_and_gradients(t_q, t
         assert (a - b).abs().max() <= 1e-5
 
 @pytest.mark.parametrize("t_q, t_k", [(9, 9), (3, 9), (1, 9)])
-@pytest.mark.parametrize("window", [None, 4])
-def test_the_fused_kernel_as_called_equals_the_explicit_path(t_q, t_k, window):
+@pytest.mark.parametrize("band", [None, 4])
+def test_the_fused_kernel_as_called_equals_the_explicit_path(t_q, t_k, band):
     """PyTorch's fused kernel with is_causal, without a mask (one query after the cache) or with
-    the variant's mask (queries after cached keys, a band): attention_steps' output."""
+    a mask (queries after cached keys; keys a band back hidden too): attention_steps' output."""
     torch.manual_seed(7)
     q, k, v = (torch.randn(2, 3, t, 8) for t in (t_q, t_k, t_k))
-    variant = Variant(scale=None if window is None else 1.0, window=window)
-    fused = fused_attention(q, k, v, 0.0, variant)
-    explicit = attention_steps(q, k, v, mask=variant.mask(t_q, t_k), scale=variant.scale).output
+    hidden, scale = None, None
+    if band is not None:  # an unscaled layer whose queries see the last `band` positions
+        hidden = causal_mask(t_q, t_k) | torch.ones(t_q, t_k, dtype=torch.bool).tril(
+            diagonal=t_k - t_q - band)
+        scale = 1.0
+    fused = fused_attention(q, k, v, 0.0, scale, hidden)
+    explicit = attention_steps(q, k, v, mask=hidden, is_causal=True, scale=scale).output
     assert (fused - explicit).abs().max() <= 1e-5
 
 

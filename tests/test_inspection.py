@@ -2,13 +2,16 @@
 word-level aggregation, pronouns, outputs."""
 
 import json
+import re
 from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 import tinylm.inspection.capture
+from tinylm.hooks import hook_points, run_with_cache
 from tinylm.inspection.capture import (
     PRONOUNS,
     AttentionCapture,
@@ -255,3 +258,20 @@ def test_an_inspection_that_fails_while_writing_keeps_the_last_good_files(model,
         assert (tmp_path / name).read_bytes() == content, name
     assert np.load(tmp_path / "attention.npz")["weights"].ndim == 4
     assert not list(tmp_path.rglob(".*.tmp-*"))
+
+
+def test_docs_hook_points_example_prints_what_the_docs_quote(capsys):
+    doc = (Path(__file__).resolve().parents[1] / "docs" / "inspecting.md").read_text()
+    section = doc.split("## Hook points\n", 1)[1].split("\n## ", 1)[0]
+    code, printed = re.findall(r"```(?:python)?\n(.*?)```", section, re.S)
+    exec(compile(code, "docs/inspecting.md", "exec"), {})
+    assert capsys.readouterr().out == printed
+
+
+def test_capture_reads_the_weights_at_the_hook_points_and_leaves_none_hooked(model, bpe):
+    capture = capture_attention(model, bpe, TEXT)
+    idx = torch.tensor([bpe.encode(TEXT)])
+    _, cache = run_with_cache(model, idx, ["hook_pattern"])
+    np.testing.assert_array_equal(capture.weights, torch.stack(
+        [w[0] for w in cache.values()]).numpy())
+    assert not any(point.hooked for point in hook_points(model).values())

@@ -1,8 +1,11 @@
-"""Behaviour of tinylm.model: causality, the KV cache, attention capture, config checks."""
+"""Behaviour of tinylm.model: causality, the KV cache, attention capture, hook points, config
+checks."""
 
 import pytest
 import torch
 
+from tinylm.hooks import caching, hook_points, hooks, run_with_cache
+from tinylm.inspection.interventions import heads_scaled
 from tinylm.model import ModelConfig
 from tinylm.train.runtime import flops_per_token
 
@@ -169,15 +172,84 @@ def test_parameter_count_and_flops_per_token(tiny_model):
     assert flops_per_token(model, 8) == 6 * expected + 12 * c.n_layer * c.n_embd * 8
 
 
-def test_head_mask_of_ones_changes_nothing_and_zero_changes_logits(tiny_model):
+def test_heads_scaled_by_ones_changes_nothing_and_a_zero_changes_the_logits(tiny_model):
     model = tiny_model(seed=4)
     idx = torch.randint(0, 50, (1, 8))
     plain = model(idx).logits
     ones = torch.ones(2, 4)
-    assert torch.allclose(model(idx, head_mask=ones).logits, plain)
+    with heads_scaled(model, ones):
+        assert torch.equal(model(idx).logits, plain)
     ablated = ones.clone()
     ablated[1, 2] = 0
-    assert not torch.allclose(model(idx, head_mask=ablated).logits, plain)
+    with heads_scaled(model, ablated):
+        assert not torch.allclose(model(idx).logits, plain)
+    assert torch.equal(model(idx).logits, plain)  # the hook is gone
+
+
+def test_hook_points_have_their_documented_names_and_shapes(tiny_model):
+    model = tiny_model(seed=7)
+    per_layer = ["hook_resid_pre", "attn.hook_q", "attn.hook_k", "attn.hook_v",
+                 "attn.hook_pattern", "attn.hook_z", "hook_resid_post"]
+    names = [f"blocks.{i}.{point}" for i in range(2) for point in per_layer]
+    assert sorted(hook_points(model)) == sorted(names)
+    out, cache = run_with_cache(model, torch.randint(0, 50, (3, 9)), names)
+    assert list(cache) == names  # filled in the order the forward pass reaches them
+    shapes = {"hook_resid_pre": (3, 9, 32), "hook_q": (3, 4, 9, 8), "hook_k": (3, 4, 9, 8),
+              "hook_v": (3, 4, 9, 8), "hook_pattern": (3, 4, 9, 9), "hook_z": (3, 4, 9, 8),
+              "hook_resid_post": (3, 9, 32)}
+    for name, activation in cache.items():
+        assert tuple(activation.shape) == shapes[name.rsplit(".", 1)[-1]], name
+    assert torch.equal(cache["blocks.0.hook_resid_post"], cache["blocks.1.hook_resid_pre"])
+    torch.testing.assert_close(model.lm_head(model.ln_f(cache["blocks.1.hook_resid_post"])),
+                               out.logits)
+    # a last part names that point in every layer; return_attention reads the same weights
+    idx = torch.randint(0, 50, (1, 4))
+    _, patterns = run_with_cache(model, idx, ["hook_pattern"])
+    assert list(patterns) == ["blocks.0.attn.hook_pattern", "blocks.1.attn.hook_pattern"]
+    for weights, pattern in zip(model(idx, return_attention=True).attentions, patterns.values(),
+                                strict=True):
+        assert torch.equal(weights, pattern)
+
+
+def test_forward_from_a_layers_input_gives_the_states_the_lm_head_reads(tiny_model):
+    model = tiny_model(seed=8)
+    idx = torch.randint(0, 50, (2, 10))
+    logits = model(idx).logits
+    _, cache = run_with_cache(model, idx, ["blocks.1.hook_resid_pre"])
+    torch.testing.assert_close(model.lm_head(model.forward_from(1, cache[
+        "blocks.1.hook_resid_pre"])), logits)
+    assert torch.equal(model.lm_head(model.forward_from(0, model.embed(idx))), logits)
+
+
+def test_a_replacing_hook_changes_the_logits_after_its_point_only(tiny_model):
+    model = tiny_model(seed=9)
+    idx = torch.randint(0, 50, (1, 8))
+    plain = model(idx).logits
+
+    def zero_position_5(x):  # (B, T, C): the residual stream into block 1
+        x = x.clone()
+        x[:, 5] = 0
+        return x
+    with hooks(model, {"blocks.1.hook_resid_pre": zero_position_5}):
+        changed = model(idx).logits
+    assert torch.equal(changed[:, :5], plain[:, :5])  # causal: earlier positions never see it
+    assert not torch.allclose(changed[:, 5:], plain[:, 5:])
+
+
+def test_no_hook_is_left_registered_after_a_forward_pass_with_hooks(tiny_model):
+    model = tiny_model(seed=10)
+    idx = torch.randint(0, 50, (1, 6))
+
+    def hooked() -> list[str]:
+        return [name for name, point in hook_points(model).items() if point.hooked]
+    model(idx, return_attention=True)
+    run_with_cache(model, idx, ["hook_pattern", "hook_z", "hook_resid_pre"])
+    with heads_scaled(model, torch.zeros(2, 4)):
+        assert hooked() == ["blocks.0.attn.hook_z", "blocks.1.attn.hook_z"]
+        model(idx)
+    with pytest.raises(ValueError, match="longer than block_size"), caching(model, ["hook_q"]):
+        model(torch.zeros(1, 17, dtype=torch.long))
+    assert hooked() == []
 
 
 @pytest.mark.parametrize("field,value,message", [

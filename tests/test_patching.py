@@ -5,9 +5,9 @@ bootstrap, pairs from probe items, attribution patching, mean-ablation."""
 import numpy as np
 import pytest
 import torch
-from test_probe import item
 from torch import nn
 
+from tinylm.hooks import caching
 from tinylm.inspection.patching import (
     PatchingResult,
     PatchPair,
@@ -17,9 +17,8 @@ from tinylm.inspection.patching import (
     patch_heads,
     replaced_head_output,
 )
-from tinylm.inspection.probe import ablate_heads, agreement_margins
-from tinylm.inspection.probe_items import EncodedAgreementItem, ProbeItem, parse_item
-from tinylm.pretrained import load_pretrained
+from tinylm.inspection.probe_items import EncodedAgreementItem, ProbeItem
+from tinylm.inspection.probe_types import parse_item
 from tinylm.tokenizer import CharTokenizer
 
 F, M, SHE, HE, DOT, X = range(6)  # token ids of the hand-built model
@@ -95,6 +94,8 @@ def test_patching_finds_the_one_head_that_carries_the_name_at_the_deciding_posit
 
 def test_zero_ablation_is_fooled_by_a_needed_head_that_carries_no_name_and_mean_ablation_not(
         tiny_model):
+    from tinylm.inspection.probe import ablate_heads, agreement_margins
+
     model = gated_model(tiny_model)
     encoded = [EncodedAgreementItem(clean + [written], clean + [wrong], len(clean))
                for clean, _, written, wrong in GATED_PAIRS]
@@ -123,13 +124,11 @@ def test_head_output_means_average_the_sequences_that_reach_each_position(tiny_m
     sequences = [[F, X, DOT], [M, DOT], [X, X, X, DOT]]
     means = head_output_means(model, sequences, batch_size=2)
     assert len(means) == 2 and means[1].shape == (4, 16)
-    heads = []
-    hook = model.blocks[1].attn.out_proj.register_forward_pre_hook(
-        lambda _, args: heads.append(args[0][0]))
-    with torch.no_grad():
+    heads = []  # each sequence's heads of layer 1 side by side, (T, nh·hs) as out_proj reads them
+    with torch.no_grad(), caching(model, ["blocks.1.attn.hook_z"]) as cache:
         for s in sequences:
             model(torch.tensor([s]))
-    hook.remove()
+            heads.append(cache["blocks.1.attn.hook_z"][0].transpose(0, 1).flatten(1))
     torch.testing.assert_close(means[1][1], sum(h[1] for h in heads) / 3)
     torch.testing.assert_close(means[1][2], (heads[0][2] + heads[2][2]) / 2)
     torch.testing.assert_close(means[1][3], heads[2][3])  # only the longest reaches position 3
@@ -142,6 +141,8 @@ def test_head_output_means_average_the_sequences_that_reach_each_position(tiny_m
 
 def test_patching_equals_the_same_patch_by_hooks_on_transformers_gpt2(bpe, tmp_path):
     transformers = pytest.importorskip("transformers")
+    from tinylm.pretrained import load_pretrained
+
     torch.manual_seed(0)
     reference = transformers.GPT2LMHeadModel(transformers.GPT2Config(
         vocab_size=bpe.vocab_size, n_positions=32, n_embd=32, n_layer=3, n_head=4,
@@ -372,6 +373,8 @@ def test_the_json_section_holds_what_a_reader_needs_to_recompute_it():
 # ---- pairs from probe items ---------------------------------------------------------------------
 
 def agreement(text, pronoun, name, wrong, counterfactual, source="t"):
+    from test_probe import item  # here: test_probe imports the whole probe, which these need not
+
     line = item(text, pronoun, [name], wrong=wrong)
     return ProbeItem(**{**vars(parse_item(line, source)), "counterfactual": counterfactual})
 
@@ -391,6 +394,8 @@ def test_pairs_stop_at_the_deciding_position_and_compare_the_clean_pronouns(bpe)
 
 
 def test_pairs_that_cannot_be_aligned_are_skipped_with_their_reason(bpe):
+    from test_probe import item
+
     base = "Lily went to the park. After a while, she saw a dog."
     items = [
         agreement(base, "she", "Lily", "he", None, "none"),

@@ -22,13 +22,16 @@ from tokenizers import Tokenizer as HFTokenizer
 import tinylm.cli.explain
 import tinylm.cli.generate
 import tinylm.cli.probe
-from tinylm.attention import MultiHeadAttention, Variant, causal_mask
+from tinylm.attention import MultiHeadAttention, causal_mask
 from tinylm.checkpoint import load_checkpoint
 from tinylm.fast import softmax_attention
 from tinylm.files import project_root
+from tinylm.hooks import caching
 from tinylm.kv_cache import KVCache
 from tinylm.model import ModelConfig, TinyLM
-from tinylm.pretrained import export_gpt2, load_pretrained
+from tinylm.pretrained import build, export_gpt2, load_pretrained
+from tinylm.pretrained.gpt2 import TanhGELUMLP
+from tinylm.pretrained.gpt_neo import GPTNeoConfig, LocalAttention
 from tinylm.tokenizer import EOT, BPETokenizer, CharTokenizer, load_tokenizer
 
 WINDOW = 8  # GPT-Neo's local window here; the prompts below are longer
@@ -36,29 +39,47 @@ PROMPT = "Lily and Tom went to the park. She saw a big dog. It was happy. Tom sa
 
 
 def _tiny(vocab_size, **overrides):
-    """A small untrained TinyLM in eval mode (conftest's tiny_model keys its cache by the
-    overrides, and a list of attention_layers cannot be a key)."""
+    """A small untrained model in eval mode: TinyLM, or with GPT-2's and GPT-Neo's options a
+    GPTNeoLM (conftest's tiny_model keys its cache by the overrides, and a list of
+    attention_layers cannot be a key)."""
     torch.manual_seed(0)
     values = dict(vocab_size=vocab_size, block_size=64, n_layer=2, n_head=2, n_embd=16)
-    return TinyLM(ModelConfig(**{**values, **overrides})).eval()
+    shape = {key: overrides.pop(key) for key in list(overrides) if key in values}
+    config = GPTNeoConfig if overrides else ModelConfig
+    return build(config(**{**values, **shape}, **overrides)).eval()
+
+
+def _attention(scale, window) -> MultiHeadAttention:
+    """tinylm's attention with another scale and, given a window, a local layer's band."""
+    mha = (MultiHeadAttention(32, 4) if window is None else
+           LocalAttention(32, 4, 0.0, True, window)).eval()
+    mha.scale = scale
+    return mha
+
+
+def _hidden(attn: MultiHeadAttention, t_q: int, t_k: int) -> torch.Tensor:
+    """Every position a layer's queries do not see: the causal mask and the layer's own."""
+    extra = attn.hidden(t_q, t_k, "cpu")
+    causal = causal_mask(t_q, t_k)
+    return causal if extra is None else causal | extra
 
 
 # ------------------------------------------------------------- the attention options themselves
 
 
 def test_a_local_layers_mask_is_the_causal_triangle_cut_to_a_band():
-    assert Variant(window=2).mask(5, 5).logical_not().int().tolist() == [
+    assert _hidden(_attention(None, 2), 5, 5).logical_not().int().tolist() == [
         [1, 0, 0, 0, 0],
         [1, 1, 0, 0, 0],
         [0, 1, 1, 0, 0],
         [0, 0, 1, 1, 0],
         [0, 0, 0, 1, 1]]
     # 2 new queries after 4 cached keys sit at positions 4 and 5, and see 3 keys each
-    assert Variant(window=3).mask(2, 6).logical_not().int().tolist() == [
+    assert _hidden(_attention(None, 3), 2, 6).logical_not().int().tolist() == [
         [0, 0, 1, 1, 1, 0],
         [0, 0, 0, 1, 1, 1]]
-    assert torch.equal(Variant(window=6).mask(6, 6), causal_mask(6, 6))  # nothing is that far
-    assert torch.equal(Variant(scale=1.0).mask(6, 6), causal_mask(6, 6))  # global: the triangle
+    assert _attention(None, 6).hidden(6, 6, "cpu") is None  # nothing is that far: the triangle
+    assert MultiHeadAttention(32, 4).hidden(6, 6, "cpu") is None  # global: the triangle
 
 
 @pytest.mark.parametrize("scale, window", [(1.0, None), (None, 3), (1.0, 3), (0.3, 1)])
@@ -67,30 +88,31 @@ def test_every_attention_path_agrees_with_a_band_and_another_scale(scale, window
     dropout on a CPU) compute one thing: outputs and gradients, whole and through a KV cache
     whose positions go past the window."""
     torch.manual_seed(0)
-    variant = Variant(scale, window)
-    mha = MultiHeadAttention(32, 4, variant=variant).eval()
+    mha = _attention(scale, window)
     x = torch.randn(2, 10, 32)
     outputs = {}
     for need_weights in (False, True):
         x_path = x.clone().requires_grad_()
-        y, weights = mha(x_path, need_weights=need_weights)
+        with caching(mha, ["hook_pattern"] if need_weights else []):
+            y = mha(x_path)
         y.square().sum().backward()
         outputs[need_weights] = y, x_path.grad
     (fused, g_fused), (explicit, g_explicit) = outputs[False], outputs[True]
     assert (fused - explicit).abs().max() <= 1e-5 and (g_fused - g_explicit).abs().max() <= 1e-5
     q, k, v = (t.detach().requires_grad_() for t in mha.project_heads(x))
     steps = mha.steps(q, k, v)
-    assert torch.equal(steps.weights == 0, variant.mask(10, 10).expand(2, 4, 10, 10))
+    assert torch.equal(steps.weights == 0, _hidden(mha, 10, 10).expand(2, 4, 10, 10))
     expected = torch.softmax(q @ k.transpose(-2, -1) * (scale or 8 ** -0.5)
                              + steps.masked.isinf() * -1e9, dim=-1)
     assert (steps.weights - expected).abs().max() <= 1e-6
-    fast = softmax_attention(q, k, v, 0.0, variant)
+    fast = softmax_attention(q, k, v, 0.0, scale, _hidden(mha, 10, 10))
     assert (fast - steps.output).abs().max() <= 1e-5
     for need_weights in (False, True):
         cache = KVCache(1, 2, 4, max_len=16, head_size=8)
         pieces = []
         for piece in (x[:, :4], x[:, 4:7], x[:, 7:8], x[:, 8:9], x[:, 9:10]):
-            pieces.append(mha(piece, kv_cache=cache.layer(0), need_weights=need_weights)[0])
+            with caching(mha, ["hook_pattern"] if need_weights else []):
+                pieces.append(mha(piece, kv_cache=cache.layer(0)))
             cache.advance(piece.size(1))
         assert (torch.cat(pieces, dim=1) - explicit).abs().max() <= 1e-5
 
@@ -98,8 +120,9 @@ def test_every_attention_path_agrees_with_a_band_and_another_scale(scale, window
 def test_the_options_reach_every_layer_and_a_checkpoint_records_them(bpe, tmp_path):
     model = _tiny(bpe.vocab_size, n_layer=3, activation="gelu_tanh", attention_scale=False,
                        attention_layers=["global", "local", "local"], window_size=4)
-    assert [b.attn.variant for b in model.blocks] == [(1.0, None), (1.0, 4), (1.0, 4)]
-    assert model.blocks[0].mlp.approximate == "tanh"
+    assert [(b.attn.scale, getattr(b.attn, "window", None)) for b in model.blocks] == [
+        (1.0, None), (1.0, 4), (1.0, 4)]
+    assert isinstance(model.blocks[0].mlp, TanhGELUMLP)
     idx = torch.tensor([bpe.encode(PROMPT)[:20]])
     loaded = load_checkpoint(save_run(tmp_path / "run", model, bpe))
     assert loaded.config == model.config
@@ -111,17 +134,19 @@ def test_the_options_reach_every_layer_and_a_checkpoint_records_them(bpe, tmp_pa
         load_checkpoint(tmp_path / "run")
 
 
-def test_a_checkpoint_from_before_the_options_loads_as_the_model_it_was(tiny_model, bpe,
-                                                                         tmp_path):
+def test_a_checkpoint_saved_with_the_options_in_its_config_loads_as_the_model_it_was(
+        tiny_model, bpe, tmp_path):
+    """model_config.json held GPT-2's and GPT-Neo's four options until they moved to
+    tinylm/pretrained/: with tinylm's values, such a checkpoint is tinylm's own model."""
     model = tiny_model(bpe.vocab_size)
     directory = load_checkpoint(save_run(tmp_path / "run", model, bpe)).directory
     config_file = directory / "model_config.json"
-    old = {k: v for k, v in json.loads(config_file.read_text()).items()
-           if k not in ("activation", "attention_scale", "attention_layers", "window_size")}
+    old = {**json.loads(config_file.read_text()), "activation": "gelu",
+           "attention_scale": True, "attention_layers": None, "window_size": None}
     config_file.write_text(json.dumps(old))
     loaded = load_checkpoint(directory)
     idx = torch.tensor([bpe.encode(PROMPT)[:20]])
-    assert loaded.config == ModelConfig(**old) == model.config
+    assert type(loaded.model) is TinyLM and loaded.config == model.config
     assert torch.equal(loaded.model(idx).logits, model(idx).logits)
 
 
@@ -134,7 +159,7 @@ def test_a_checkpoint_from_before_the_options_loads_as_the_model_it_was(tiny_mod
 ])
 def test_impossible_attention_options_are_named(values, message):
     with pytest.raises(ValueError, match=message.replace("[", r"\[").replace("(", r"\(")):
-        ModelConfig(vocab_size=50, n_layer=2, **values)
+        GPTNeoConfig(vocab_size=50, n_layer=2, **values)
 
 
 # ----------------------------------------------------------- transformers' models, loaded here
@@ -257,7 +282,7 @@ def gpt2_folder(bpe, tmp_path):
 
 
 @pytest.mark.parametrize("change, message", [
-    ({"model_type": "llama"}, "model_type='llama' is not one tinylm loads: gpt2"),
+    ({"model_type": "bert"}, "model_type='bert' is not one tinylm loads: gpt2"),
     ({"n_inner": 96}, "n_inner=96 is not supported: tinylm's MLP is 4 x n_embd wide"),
     ({"activation_function": "relu"}, "activation_function='relu' is not supported"),
     ({"layer_norm_epsilon": 1e-6}, "layer_norm_epsilon=1e-06 is not supported"),
@@ -468,8 +493,8 @@ def test_export_refuses_what_gpt2_cannot_hold_and_a_missing_argument(bpe, tmp_pa
     with pytest.raises(ValueError) as refused:
         run_export(ExportConfig(checkpoint=str(run), out=str(tmp_path / "out")))
     assert str(refused.value) == (
-        "the model has local attention layers (model.attention_layers), which GPT-2 has no "
-        "place for: it cannot be exported as GPT-2")
+        "the model has local attention layers, which GPT-2 has no place for: it cannot be "
+        "exported as GPT-2")
     with pytest.raises(ValueError, match="checkpoint= and out= are required: tinylm-export "
                                          "checkpoint=<run dir> out=<folder to write>"):
         run_export(ExportConfig(checkpoint=str(run)))
@@ -494,7 +519,7 @@ def test_an_export_the_disk_cannot_hold_leaves_nothing_and_says_so(tiny_model, b
 
 def test_export_without_scaling_keeps_it_off_in_transformers(tiny_model, bpe, tmp_path):
     transformers = pytest.importorskip("transformers")
-    model = tiny_model(bpe.vocab_size, attention_scale=False, activation="gelu_tanh")
+    model = _tiny(bpe.vocab_size, attention_scale=False, activation="gelu_tanh")
     export_gpt2(model, bpe, tmp_path)
     theirs = transformers.AutoModelForCausalLM.from_pretrained(tmp_path).eval()
     idx = torch.tensor([bpe.encode(PROMPT)])

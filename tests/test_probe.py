@@ -5,7 +5,9 @@ import dataclasses
 import json
 import math
 from collections import Counter
+from dataclasses import dataclass
 from types import SimpleNamespace
+from typing import ClassVar
 
 import numpy as np
 import pytest
@@ -17,6 +19,7 @@ from tensorboard.util import tensor_util
 from torch import nn
 
 import tinylm.cli.sizes
+import tinylm.inspection.probe_types
 from tinylm.cli.probe import ProbeConfig, run_probe
 from tinylm.files import project_root
 from tinylm.inspection.capture import NAMES, find_words
@@ -30,7 +33,6 @@ from tinylm.inspection.probe import (
     head_accuracy,
     mention_attention,
     prediction_match,
-    probe,
     word_log_probs,
 )
 from tinylm.inspection.probe_items import (
@@ -39,11 +41,17 @@ from tinylm.inspection.probe_items import (
     ProbeFileError,
     encode_agreement_item,
     encode_attention_item,
-    load_probe_file,
     new_word_tokens,
-    parse_item,
 )
-from tinylm.inspection.probe_report import format_report
+from tinylm.inspection.probe_types import (
+    PROBE_TYPES,
+    Agreement,
+    Deciding,
+    ProbeType,
+    load_probe_file,
+    parse_item,
+    probe,
+)
 from tinylm.inspection.tensorboard_plugin import PROBE_PLUGIN_NAME
 from tinylm.inspection.tensorboard_plugin.summary import PATCHING_TAG, PROBE_TAG
 from tinylm.model import LMOutput, TinyLM
@@ -398,12 +406,12 @@ def test_her_has_no_derived_wrong_pronoun_and_is_left_out_of_the_match_and_count
                   wrong="he")]
     items = [parse_item(x, f"t{n}") for n, x in enumerate(lines)]
     report = probe(model, bpe, items, ablate=True)
-    d = report["deciding"]
-    assert d["n_attention"] == 2 and d["n_attention_left_out"] == 1 and d["n_agreement"] == 1
-    assert len(d["prediction_match"]) == 4 and len(report["evidence"]) == 4
-    assert set(report["best_deciding"]) == {"layer", "head", "mean_attention"}
-    assert report["best_deciding"]["mean_attention"] == max(
-        e["mean_attention"] for e in d["agreement_attention"])
+    d = report.get(Deciding)
+    assert d.n_attention == 2 and d.n_attention_left_out == 1 and d.n_agreement == 1
+    assert len(d.prediction_match) == 4 and len(d.evidence) == 4
+    best = report.to_json()["best_deciding"]
+    assert set(best) == {"layer", "head", "mean_attention"}
+    assert best["mean_attention"] == max(e["mean_attention"] for e in d.agreement_attention)
     # the derived wrong pronoun follows the written one's case: "She" is compared with "He"
     enc = encode_agreement_item(bpe, items[0], 64, "he")
     assert bpe.decode(enc.wrong[enc.n_context:]) == " He"
@@ -498,10 +506,9 @@ def test_the_ablation_table_lines_up_its_columns_under_their_titles():
                  "delta_mean_margin": -0.377, "delta_accuracy": -0.02},
                 {"layer": 2, "head": 2, "mean_margin": 0.907, "accuracy": 0.74,
                  "delta_mean_margin": -1.075, "delta_accuracy": -0.19}]
-    report = {"n": 0, "heads": [], "deciding": None, "ablation": ablation,
-              "agreement": {"n": 108, "accuracy": 0.94, "mean_margin": 1.982}}
-    assert format_report(report, 3, 3)[-4:] == [
-        "ablation: each head zeroed in turn, over the 108 agreement items; the 2 heads that move "
+    result = Agreement([None, None], torch.tensor([1.0, 2.0]), True, ablation)  # 2 items
+    assert result.console(3, 3, 5)[-4:] == [
+        "ablation: each head zeroed in turn, over the 2 agreement items; the 2 heads that move "
         "the mean margin most",
         "  layer  head   Δ mean margin   Δ accuracy   mean margin   accuracy",
         "      2     2          -1.075        -0.19        +0.907       0.74",
@@ -607,6 +614,48 @@ def test_patching_without_a_pair_says_why_and_writes_the_rest(run_dir, bpe, tmp_
     assert "note: patch=true needs agreement items with a counterfactual" in said
     assert f"1 skipped, the first: {probe_file}, line 1: the counterfactual's context is" in said
     assert (tmp_path / "p" / "probe.json").is_file()
+
+
+@dataclass
+class Lengths(ProbeType):
+    """A toy probe type: how many tokens come before the pronoun of each of its items."""
+
+    name: ClassVar[str] = "lengths"
+    tokens: list[int]
+
+    @staticmethod
+    def recognises(line: dict) -> bool:
+        return "lengths" in line
+
+    @classmethod
+    def score(cls, probing) -> "Lengths":
+        return cls([len(probing.tokenizer.encode(i.text[:i.pronoun_char]))
+                    for i in probing.items_of(cls)])
+
+    def to_json(self) -> dict:
+        return {"lengths": self.tokens}
+
+    def console(self, n_layer: int, n_head: int, top_heads: int) -> list[str]:
+        return [f"lengths: {len(self.tokens)} items, {self.tokens} tokens before the pronoun"]
+
+
+def test_a_probe_type_registered_in_one_place_is_read_scored_and_reported(run_dir, bpe, tmp_path,
+                                                                           monkeypatch, capsys):
+    monkeypatch.setattr(tinylm.inspection.probe_types, "PROBE_TYPES", [*PROBE_TYPES, Lengths])
+    line = item("Tom ran. He sat.", "He", ["Tom"], wrong="she")
+    path = tmp_path / "mixed.jsonl"
+    path.write_text(json.dumps({**line, "lengths": True}) + "\n" + json.dumps(line) + "\n")
+    assert [i.kind for i in load_probe_file(path)] == ["lengths", "agreement"]
+    out = tmp_path / "probe.json"
+    report = run_probe(ProbeConfig(checkpoint=str(run_dir), probe_file=str(path), out=str(out),
+                                   logdir=str(tmp_path / "tb")))
+    tokens = [len(bpe.encode("Tom ran. "))]
+    # its keys follow the shipped ones; the shipped types read only their own lines
+    assert list(report)[-1] == "lengths" and report["lengths"] == tokens
+    assert report["agreement"]["n"] == 1 and report["n"] == 0
+    assert json.loads(out.read_text()) == report
+    console = capsys.readouterr().out.splitlines()
+    assert console[-3] == f"lengths: 1 items, {tokens} tokens before the pronoun"  # then timing
 
 
 def _cli(*args, cwd):

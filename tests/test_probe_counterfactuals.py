@@ -11,9 +11,9 @@ from tinylm.inspection.probe_items import (
     ProbeFileError,
     counterfactual_item,
     encode_agreement_item,
-    load_probe_file,
     shipped_probe,
 )
+from tinylm.inspection.probe_types import load_probe_file
 from tinylm.tokenizer import CharTokenizer, TokenizerConfig
 
 LILY = {"text": "Lily went to the park. After a while, she saw a dog.", "pronoun_char": 38,

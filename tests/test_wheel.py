@@ -25,7 +25,7 @@ with initialize_config_dir(config_dir=str(conf), version_base="1.3"):
 run = RunConfig.from_config(OmegaConf.to_container(cfg, resolve=True), "x")
 print(conf, run.data.name, run.tokenizer.name, run.model.n_embd, run.train.max_steps)
 from tinylm.inspection.probe import probe_files
-from tinylm.inspection.probe_items import load_probe_file
+from tinylm.inspection.probe_types import load_probe_file
 print(*(f"{path}:{len(load_probe_file(path))}" for path in probe_files(None)))
 """
 # The default run (TinyStories sample, BPE), made small enough for a test.

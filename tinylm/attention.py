@@ -23,6 +23,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from tinylm import fast
+from tinylm.hooks import HookPoint
 from tinylm.kv_cache import LayerCache
 
 
@@ -107,7 +108,7 @@ def unshifted_exps(steps: AttentionSteps) -> torch.Tensor:
     return steps.exps * steps.row_max.exp()  # (..., T_q, T_k)
 
 
-def value_terms(weights: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+def weighted_values(weights: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
     """Each key's term of each query's output, weights[..., i, j] · v[..., j, :]: (..., T_q, T_k,
     d_v) from weights (..., T_q, T_k) and v (..., T_k, d_v); summed over the keys, the output."""
     return weights.unsqueeze(-1) * v.unsqueeze(-3)
@@ -116,76 +117,77 @@ def value_terms(weights: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
 class MultiHeadAttention(nn.Module):
     """Causal multi-head self-attention: project to Q/K/V, attend per head, concatenate, project.
 
-    forward(x, need_weights=True) takes the explicit path above and returns the per-head weights
-    (B, n_head, T_q, T_k); otherwise tinylm/fast.py computes the same output faster. `variant`
-    is what a pretrained model's layer does otherwise (Variant, below); None: the textbook.
+    Its activations pass through hook points (tinylm/hooks.py): hook_q, hook_k, hook_v (B, nh,
+    T, hs), hook_pattern (B, nh, T_q, T_k), hook_z (B, nh, T_q, hs). While a hook is on
+    hook_pattern the explicit path above runs, whose weights it reads; otherwise tinylm/fast.py
+    computes the same output faster.
     """
 
-    def __init__(self, n_embd: int, n_head: int, dropout: float = 0.0, bias: bool = True,
-                 variant: Variant | None = None):
+    scale: float | None = None  # multiplies q·kᵀ; None: 1/√d, the textbook's
+
+    def __init__(self, n_embd: int, n_head: int, dropout: float = 0.0, bias: bool = True):
         super().__init__()
         if n_embd % n_head != 0:
             raise ValueError(f"n_embd={n_embd} must be divisible by n_head={n_head}")
         self.n_embd, self.n_head, self.head_size = n_embd, n_head, n_embd // n_head
-        self.dropout, self.variant = dropout, variant or Variant()
+        self.dropout = dropout
         # one matmul for Q, K and V together; split afterwards
         self.qkv_proj = nn.Linear(n_embd, 3 * n_embd, bias=bias)
         self.out_proj = nn.Linear(n_embd, n_embd, bias=bias)
         self.resid_dropout = nn.Dropout(dropout)
+        self.hook_q, self.hook_k, self.hook_v = HookPoint(), HookPoint(), HookPoint()
+        self.hook_pattern, self.hook_z = HookPoint(), HookPoint()
 
-    def project_heads(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """x (B, T, C) -> each head's q, k, v, (B, nh, T, hs) each."""
+    def project_heads(self, x: torch.Tensor, start: int = 0
+                      ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """x (B, T, C) at positions start.. -> each head's q, k, v, (B, nh, T, hs) each."""
         B, T, C = x.size()
         qkv = self.qkv_proj(x).view(B, T, 3, self.n_head, self.head_size)
         # (3, B, nh, T, hs), then a (B, nh, T, hs) view each: fewer calls than split + transpose
         return qkv.permute(2, 0, 3, 1, 4).unbind(0)
 
+    def hidden(self, t_q: int, t_k: int, device: torch.device | str) -> torch.Tensor | None:
+        """What a query may not see besides the later positions (the causal mask): nothing."""
+        return None
+
     def steps(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
               dropout_p: float = 0.0) -> AttentionSteps:
-        """attention_steps with this layer's mask and scale; q (..., T_q, hs), k/v (..., T_k, hs)
-        as project_heads gives them (queries are the last T_q of T_k positions)."""
-        mask = self.variant.mask(q.size(-2), k.size(-2), q.device)
-        return attention_steps(q, k, v, mask=mask, dropout_p=dropout_p, scale=self.variant.scale)
+        """attention_steps, causal, with this layer's scale (and anything else it hides); q
+        (..., T_q, hs), k/v (..., T_k, hs): the queries are the last T_q of T_k positions."""
+        mask = self.hidden(q.size(-2), k.size(-2), q.device)
+        return attention_steps(q, k, v, mask=mask, is_causal=True, dropout_p=dropout_p,
+                               scale=self.scale)
 
-    def forward(self, x: torch.Tensor, kv_cache: LayerCache | None = None,
-                need_weights: bool = False, head_mask: torch.Tensor | None = None
-                ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """x (B, T, C) -> (y (B, T, C), weights (B, n_head, T_q, T_k) or None).
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """softmax(q·kᵀ/√d, masked)·v per head: (B, nh, T_q, hs) from q and k/v (B, nh, T_k, hs)."""
+        dropout_p = self.dropout if self.training else 0.0
+        if self.hook_pattern.hooked:  # the weights are read (or replaced): the explicit path
+            steps = self.steps(q, k, v, dropout_p)
+            weights = self.hook_pattern(steps.weights)
+            if weights is steps.weights:
+                return self.hook_z(steps.output)
+            return self.hook_z(F.dropout(weights, dropout_p).to(v.dtype) @ v)
+        # the same output, faster, without the weights (tested equal)
+        hidden = self.hidden(q.size(-2), k.size(-2), q.device)
+        if hidden is not None:
+            hidden = hidden | causal_mask(q.size(-2), k.size(-2), q.device)
+        return self.hook_z(fast.attention(q, k, v, dropout_p, self.scale, hidden))
+
+    def combine_heads(self, y: torch.Tensor) -> torch.Tensor:
+        """Concatenate the heads' outputs y (B, nh, T, hs) and project: (B, T, C)."""
+        B, _, T, _ = y.size()
+        y = y.transpose(1, 2).contiguous().view(B, T, self.n_embd)  # (B, T, nh*hs)
+        return self.resid_dropout(self.out_proj(y))
+
+    def forward(self, x: torch.Tensor, kv_cache: LayerCache | None = None) -> torch.Tensor:
+        """x (B, T, C) -> (B, T, C).
 
         `kv_cache` (this layer's slot of a KVCache, tinylm/kv_cache.py) stores this step's
         keys/values after the cached ones, and the queries attend over all of them.
-        `head_mask` (n_head,) scales each head's output before the heads are concatenated;
-        a 0 removes that head (ablation).
         """
-        B, T, C = x.size()
-        q, k, v = self.project_heads(x)  # (B, nh, T, hs) each
+        start = kv_cache.length if kv_cache is not None else 0
+        q, k, v = self.project_heads(x, start)  # (B, nh, T, hs) each
+        q, k, v = self.hook_q(q), self.hook_k(k), self.hook_v(v)
         if kv_cache is not None:
             k, v = kv_cache.append(k, v)  # (B, nh, T_k, hs), T_k >= T
-        dropout_p = self.dropout if self.training else 0.0
-
-        if need_weights:
-            steps = self.steps(q, k, v, dropout_p)
-            y, weights = steps.output, steps.weights
-        else:  # the same output, faster, without the weights (tested equal)
-            y, weights = fast.attention(q, k, v, dropout_p, self.variant), None
-
-        if head_mask is not None:
-            y = y * head_mask.view(1, self.n_head, 1, 1).to(y.dtype)
-        y = y.transpose(1, 2).contiguous().view(B, T, C)  # concatenate heads: (B, T, nh*hs)
-        y = self.resid_dropout(self.out_proj(y))
-        return y, weights
-
-
-# ---- the seam for pretrained models (tinylm/pretrained.py, docs/pretrained.md) -----------------
-class Variant(NamedTuple):
-    """How one layer of a pretrained model departs from the textbook; the defaults are it."""
-
-    scale: float | None = None  # multiplies q·kᵀ instead of 1/√d (GPT-Neo: 1.0, unscaled)
-    window: int | None = None  # a local layer (GPT-Neo): queries see the last `window` positions
-
-    def mask(self, t_q: int, t_k: int, device: torch.device | str = "cpu") -> torch.Tensor:
-        """causal_mask, in a local layer also hiding the keys `window` or more back: a band."""
-        hidden = causal_mask(t_q, t_k, device)
-        if self.window is None:
-            return hidden
-        return hidden | torch.ones_like(hidden).tril(diagonal=t_k - t_q - self.window)
+        return self.combine_heads(self.attend(q, k, v))

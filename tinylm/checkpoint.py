@@ -55,7 +55,7 @@ from tinylm.files import (
     sweep_leftovers,
 )
 from tinylm.model import ModelConfig, TinyLM
-from tinylm.pretrained import is_pretrained, load_pretrained, model_name
+from tinylm.pretrained import build, is_pretrained, load_pretrained, model_name
 from tinylm.tokenizer import CharTokenizer, Tokenizer, load_tokenizer
 
 CHECKPOINTS_DIR = "checkpoints"
@@ -344,7 +344,7 @@ def _refuse_non_finite(model: TinyLM, weights: Path) -> None:
 def load_checkpoint(path: str | Path, device: str | torch.device = "cpu",
                     prefer: str = "best") -> Checkpoint:
     """Rebuild model and tokenizer from a checkpoint (see resolve_checkpoint_dir for `path`), or
-    from a Hugging Face GPT-2 / GPT-Neo: hf:<id> or its folder (tinylm/pretrained.py)."""
+    from a Hugging Face model: hf:<id> or its folder (tinylm/pretrained/)."""
     if is_pretrained(path):
         model, tokenizer, directory = load_pretrained(path)
         _refuse_non_finite(model, directory / WEIGHTS_FILE)
@@ -373,7 +373,7 @@ def load_checkpoint(path: str | Path, device: str | torch.device = "cpu",
                          f"sha256 {str(saved.get('sha256'))[:16]}...); put back the "
                          "tokenizer.json of the run that trained it")
 
-    model = TinyLM(config)
+    model = build(config)
     try:
         safetensors.torch.load_model(model, str(weights), strict=True)
     except (SafetensorError, RuntimeError, OSError) as err:

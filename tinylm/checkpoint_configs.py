@@ -16,7 +16,8 @@ import torch
 import yaml
 from safetensors import SafetensorError, safe_open
 
-from tinylm.model import ModelConfig, TinyLM
+from tinylm.model import ModelConfig
+from tinylm.pretrained import build, saved_config
 
 # the records save_checkpoint keeps in the weights file's metadata
 MODEL_RECORD, TOKENIZER_RECORD = "tinylm.model", "tinylm.tokenizer"
@@ -42,7 +43,7 @@ def read_model_config(file: Path, weights: Path) -> tuple[ModelConfig, dict[str,
         values = json.loads(file.read_text(encoding="utf-8"))
         if not isinstance(values, dict):
             raise ValueError("it does not hold a JSON object")
-        config = ModelConfig(**values)
+        config = saved_config(values)
         if config.vocab_size is None:  # training takes it from the tokenizer; a model has one
             raise ValueError("model.vocab_size is null: a saved model has a vocabulary")
     except FileNotFoundError:
@@ -70,7 +71,7 @@ def read_model_config(file: Path, weights: Path) -> tuple[ModelConfig, dict[str,
     # The model the config describes, on the meta device: shapes only, no memory. An absurd
     # config (n_embd: 400000000) then cannot ask for terabytes: it must match the weights file.
     with torch.device("meta"):
-        wanted = sum(p.numel() for p in TinyLM(config).parameters())
+        wanted = sum(p.numel() for p in build(config).parameters())
     stored = sum(math.prod(shape) for shape in shapes.values())
     if wanted != stored:
         raise ValueError(f"{file} describes a model of {wanted:,} parameters but {weights} "

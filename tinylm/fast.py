@@ -24,36 +24,42 @@ from torch import nn
 
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout_p: float,
-              variant) -> torch.Tensor:
+              scale: float | None = None, hidden: torch.Tensor | None = None) -> torch.Tensor:
     """MultiHeadAttention's output without its weights: q (B, nh, T_q, hs) the last T_q of T_k
-    positions, k/v (B, nh, T_k, hs); `variant` (tinylm.attention.Variant) its mask and scale."""
+    positions, k/v (B, nh, T_k, hs); `scale` multiplies q·kᵀ (None: 1/√d); `hidden` (T_q, T_k)
+    is True where a query may not look (None: the causal mask alone)."""
     if q.device.type == "cpu" and (q.dtype == torch.bfloat16 or dropout_p > 0):
         # PyTorch's fused CPU kernel is slow in bf16, where plain bmm + softmax beats it, and has
         # no dropout (PyTorch then falls back to F.dropout's costlier mask)
-        return softmax_attention(q, k, v, dropout_p, variant)
-    return fused_attention(q, k, v, dropout_p, variant)
+        return softmax_attention(q, k, v, dropout_p, scale, hidden)
+    return fused_attention(q, k, v, dropout_p, scale, hidden)
+
+
+def _causal(t_q: int, t_k: int, device: torch.device) -> torch.Tensor:
+    """attention.causal_mask: True where query i (at position t_k - t_q + i) must not look."""
+    return torch.ones(t_q, t_k, dtype=torch.bool, device=device).triu(diagonal=t_k - t_q + 1)
 
 
 def fused_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout_p: float,
-                    variant) -> torch.Tensor:
+                    scale: float | None = None, hidden: torch.Tensor | None = None
+                    ) -> torch.Tensor:
     """PyTorch's fused kernel on q (B, nh, T, hs) and the cached k, v (B, nh, T_k, hs)."""
     T, t_k = q.size(2), k.size(2)
-    if variant.window is None or t_k <= variant.window:  # no key is yet a window back
+    if hidden is None:
         if T == t_k:
             return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=True,
-                                                  scale=variant.scale)
+                                                  scale=scale)
         if T == 1:  # one new token sees every cached position: nothing to mask
-            return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p,
-                                                  scale=variant.scale)
-    # the fused kernel's is_causal aligns queries to the first keys, not the last, and knows no
-    # band
-    visible = ~variant.mask(T, t_k, q.device)
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=visible, dropout_p=dropout_p,
-                                          scale=variant.scale)
+            return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, scale=scale)
+        # the fused kernel's is_causal aligns queries to the first keys, not the last
+        hidden = _causal(T, t_k, q.device)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=~hidden, dropout_p=dropout_p,
+                                          scale=scale)
 
 
 def softmax_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout_p: float,
-                      variant) -> torch.Tensor:
+                      scale: float | None = None, hidden: torch.Tensor | None = None
+                      ) -> torch.Tensor:
     """Causal attention_steps(...).output keeping no step: the fast path on a CPU for bf16,
     where it beats PyTorch's fused kernel, and for dropout, which that kernel lacks.
 
@@ -65,12 +71,14 @@ def softmax_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout
     """
     *batch, t_q, d = q.shape
     t_k = k.size(-2)
-    # the variant's mask (causal, or a band) as an additive bias: 0 where seen, -inf where hidden
-    hidden = torch.zeros(t_q, t_k, dtype=q.dtype, device=q.device).masked_fill_(
-        variant.mask(t_q, t_k, q.device), float("-inf"))
+    if hidden is None:
+        hidden = _causal(t_q, t_k, q.device)
+    # the mask as an additive bias: 0 where seen, -inf where hidden
+    bias = torch.zeros(t_q, t_k, dtype=q.dtype, device=q.device).masked_fill_(hidden,
+                                                                             float("-inf"))
     # (b, T_q, T_k) with b = B * nh: bmm-shaped views, since baddbmm takes 3-d tensors
-    scores = torch.baddbmm(hidden, q.reshape(-1, t_q, d), k.reshape(-1, t_k, d).transpose(1, 2),
-                           alpha=1 / math.sqrt(d) if variant.scale is None else variant.scale)
+    scores = torch.baddbmm(bias, q.reshape(-1, t_q, d), k.reshape(-1, t_k, d).transpose(1, 2),
+                           alpha=1 / math.sqrt(d) if scale is None else scale)
     weights = torch.softmax(scores, dim=-1)
     weights = dropout(weights, dropout_p)
     return (weights @ v.reshape(-1, t_k, v.size(-1))).view(*batch, t_q, v.size(-1))
@@ -258,7 +266,7 @@ def cpu_decoding(model: nn.Module) -> Iterator[None]:
     3. In eval mode, each nn.Dropout (which then returns its input, yet through a call into
        PyTorch) set aside for an nn.Identity.
     """
-    weights = model.wte.weight
+    weights = next(model.parameters())
     float32_cpu = (weights.device.type == "cpu" and weights.dtype == torch.float32
                    and not torch.is_autocast_enabled("cpu"))
     plain = float32_cpu and torch.backends.mkldnn.enabled

@@ -64,7 +64,9 @@ def generate(model: TinyLM, idx: torch.Tensor, max_new_tokens: int, temperature:
     out = torch.empty(B, T + max_new_tokens, dtype=torch.long, device=idx.device)
     out[:, :T] = idx
     finished = torch.zeros(B, dtype=torch.bool, device=idx.device)
-    kv_cache = model.new_kv_cache(B) if use_cache else None
+    # room for this text, not the whole context: a pretrained context can be long (Llama 3.2:
+    # 131,072 positions), and a cache that size would take gigabytes before the first token
+    kv_cache = model.new_kv_cache(B, min(block_size, T + max_new_tokens)) if use_cache else None
     with fast.cpu_decoding(model):  # a float32 CPU model's steps set up to run fastest
         for end in range(T, T + max_new_tokens):
             if end > T and kv_cache is not None and kv_cache.length < block_size:

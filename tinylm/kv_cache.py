@@ -86,6 +86,11 @@ class LayerCache(NamedTuple):
     cache: KVCache
     index: int
 
+    @property
+    def length(self) -> int:
+        """Positions cached before this step's; the position of its first new token."""
+        return self.cache.length
+
     def append(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Store new keys/values (B, nh, T_new, hs); return all cached so far (B, nh, T, hs).
 

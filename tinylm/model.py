@@ -18,10 +18,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from tinylm.attention import MultiHeadAttention, Variant
-from tinylm.config import at_least, bad, check, choice, within
+from tinylm.attention import MultiHeadAttention
+from tinylm.config import at_least, bad, check, within
 from tinylm.fast import lm_head_cross_entropy
-from tinylm.kv_cache import KVCache
+from tinylm.hooks import HookPoint, caching
+from tinylm.kv_cache import KVCache, LayerCache
 
 
 @dataclass
@@ -35,37 +36,14 @@ class ModelConfig:
     n_embd: int = 128
     dropout: float = 0.1  # the default run sees its ~1 MB corpus ~20 times: regularise
     bias: bool = False  # biases in Linear and LayerNorm layers
-    # ---- the seam for pretrained models (tinylm/pretrained.py): what GPT-2 and GPT-Neo do
-    # otherwise, handed to each layer as one attention Variant (layer_variant). The defaults are
-    # tinylm's own; a learner may skip these four.
-    activation: str = "gelu"  # the MLP's GELU: gelu (exact, erf) | gelu_tanh (GPT-2's tanh form)
-    attention_scale: bool = True  # divide q·kᵀ by √head_size; GPT-Neo does not
-    attention_layers: list[str] | None = None  # per layer: global | local; None: all global
-    window_size: int | None = None  # positions a local layer's query sees, itself included
 
     def __post_init__(self):
         check(self, "model", vocab_size=at_least(1, null="to take it from the tokenizer"),
               block_size=at_least(1), n_layer=at_least(1), n_head=at_least(1),
-              n_embd=at_least(1), dropout=within(0, 1, high_open=True),
-              activation=choice("gelu", "gelu_tanh"),
-              window_size=at_least(1, null="without local layers"))
+              n_embd=at_least(1), dropout=within(0, 1, high_open=True))
         if self.n_embd % self.n_head:
             raise bad("model.n_embd", self.n_embd,
                       f"must be divisible by model.n_head={self.n_head}")
-        layers = self.attention_layers
-        if layers is not None and (not isinstance(layers, list) or len(layers) != self.n_layer
-                                   or not set(layers) <= {"global", "local"}):
-            raise bad("model.attention_layers", layers, f"must list global or local for each of "
-                      f"the {self.n_layer} layers, or be null for all global")
-        if layers and "local" in layers and self.window_size is None:
-            raise bad("model.window_size", None, "must be an integer >= 1 where "
-                      "model.attention_layers has local layers: the positions they see")
-
-    def layer_variant(self, i: int) -> Variant:
-        """Layer i's attention Variant: its scale, and in a local layer its window."""
-        local = self.attention_layers is not None and self.attention_layers[i] == "local"
-        return Variant(scale=None if self.attention_scale else 1.0,
-                       window=self.window_size if local else None)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -87,28 +65,30 @@ class MLP(nn.Module):
         self.fc = nn.Linear(config.n_embd, 4 * config.n_embd, bias=config.bias)
         self.proj = nn.Linear(4 * config.n_embd, config.n_embd, bias=config.bias)
         self.dropout = nn.Dropout(config.dropout)
-        self.approximate = "tanh" if config.activation == "gelu_tanh" else "none"
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.dropout(self.proj(F.gelu(self.fc(x), approximate=self.approximate)))
+        return self.dropout(self.proj(F.gelu(self.fc(x))))
 
 
 class Block(nn.Module):
-    """Pre-norm Transformer block: x + attn(ln(x)), then x + mlp(ln(x))."""
+    """Pre-norm Transformer block: x + attn(ln(x)), then x + mlp(ln(x)).
 
-    def __init__(self, config: ModelConfig, variant: Variant | None = None):
+    Hook points (tinylm/hooks.py): hook_resid_pre, the residual stream coming in, and
+    hook_resid_post, going out."""
+
+    def __init__(self, config: ModelConfig):
         super().__init__()
         self.ln_1 = nn.LayerNorm(config.n_embd, bias=config.bias)
-        self.attn = MultiHeadAttention(config.n_embd, config.n_head, config.dropout, config.bias,
-                                       variant)
+        self.attn = MultiHeadAttention(config.n_embd, config.n_head, config.dropout, config.bias)
         self.ln_2 = nn.LayerNorm(config.n_embd, bias=config.bias)
         self.mlp = MLP(config)
+        self.hook_resid_pre, self.hook_resid_post = HookPoint(), HookPoint()
 
-    def forward(self, x, kv_cache=None, need_weights=False, head_mask=None):
-        attn_out, weights = self.attn(self.ln_1(x), kv_cache, need_weights, head_mask)
-        x = x + attn_out
+    def forward(self, x: torch.Tensor, kv_cache: LayerCache | None = None) -> torch.Tensor:
+        x = self.hook_resid_pre(x)
+        x = x + self.attn(self.ln_1(x), kv_cache)
         x = x + self.mlp(self.ln_2(x))
-        return x, weights
+        return self.hook_resid_post(x)
 
 
 class TinyLM(nn.Module):
@@ -122,8 +102,7 @@ class TinyLM(nn.Module):
         self.wte = nn.Embedding(config.vocab_size, config.n_embd)  # token embeddings
         self.wpe = nn.Embedding(config.block_size, config.n_embd)  # position embeddings
         self.drop = nn.Dropout(config.dropout)
-        self.blocks = nn.ModuleList([Block(config, config.layer_variant(i))
-                                     for i in range(config.n_layer)])
+        self.blocks = nn.ModuleList([Block(config) for _ in range(config.n_layer)])
         self.ln_f = nn.LayerNorm(config.n_embd, bias=config.bias)
         self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
         # Weight tying: reading a token in and writing it out share one matrix (fewer
@@ -160,16 +139,30 @@ class TinyLM(nn.Module):
         return KVCache(c.n_layer, batch_size, c.n_head, max_len or c.block_size,
                        c.n_embd // c.n_head, dtype=p.dtype, device=p.device)
 
+    def embed(self, idx: torch.Tensor, start: int = 0) -> torch.Tensor:
+        """Token ids idx (B, T) at positions start.. -> the residual stream's start (B, T, C)."""
+        T = idx.size(1)
+        # positions start .. start+T-1 are consecutive rows of the position embedding
+        return self.drop(self.wte(idx) + self.wpe.weight[start:start + T])
+
+    def forward_from(self, layer: int, x: torch.Tensor, kv_cache: KVCache | None = None
+                     ) -> torch.Tensor:
+        """Blocks layer.. and the final norm on x (B, T, C), the residual stream into block
+        `layer`: the states (B, T, C) the LM head reads."""
+        for i, block in enumerate(self.blocks[layer:], start=layer):
+            x = block(x, kv_cache.layer(i) if kv_cache is not None else None)
+        return self.ln_f(x)
+
     def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None,
                 kv_cache: KVCache | None = None, return_attention: bool = False,
-                head_mask: torch.Tensor | None = None, need_logits: bool = True) -> LMOutput:
+                need_logits: bool = True) -> LMOutput:
         """idx (B, T) token ids -> LMOutput(logits (B, T, V), loss, attentions).
 
         targets (B, T): next-token ids; -1 positions are ignored in the loss.
         kv_cache: from new_kv_cache(); idx then holds only the tokens not yet cached, which
         it takes in (its length grows by T).
-        return_attention: also return every layer's weights, (B, n_head, T, T_k) each.
-        head_mask (n_layer, n_head): multiplies each head's output; 0 ablates that head.
+        return_attention: also return every layer's weights, (B, n_head, T, T_k) each, read at
+        the hook points blocks.{i}.attn.hook_pattern (tinylm/hooks.py).
         need_logits=False (with targets): only the loss, computed without the (B, T, V) logits
         (tinylm/fast.py), which makes a training step faster on a CPU; logits is None.
         """
@@ -179,22 +172,15 @@ class TinyLM(nn.Module):
             raise ValueError(
                 f"sequence of {start + T} tokens is longer than block_size="
                 f"{self.config.block_size}; crop it to the last {self.config.block_size} tokens")
-        # positions start .. start+T-1 are consecutive rows of the position embedding
-        x = self.drop(self.wte(idx) + self.wpe.weight[start:start + T])  # (B, T, C)
-
-        attentions = [] if return_attention else None
-        for i, block in enumerate(self.blocks):
-            x, weights = block(
-                x,
-                kv_cache=kv_cache.layer(i) if kv_cache is not None else None,
-                need_weights=return_attention,
-                head_mask=head_mask[i] if head_mask is not None else None,
-            )
-            if return_attention:
-                attentions.append(weights)
+        attentions = None
+        if return_attention:
+            with caching(self, ["hook_pattern"], detach=False) as cache:
+                x = self.forward_from(0, self.embed(idx, start), kv_cache)  # (B, T, C)
+            attentions = [cache[f"blocks.{i}.attn.hook_pattern"] for i in range(len(self.blocks))]
+        else:
+            x = self.forward_from(0, self.embed(idx, start), kv_cache)
         if kv_cache is not None:
             kv_cache.advance(T)  # every layer has stored its T new positions
-        x = self.ln_f(x)
         if not need_logits:  # training's faster loss (tinylm/fast.py): the logits never exist
             if targets is None:
                 raise ValueError("need_logits=False leaves only the loss: pass targets too")

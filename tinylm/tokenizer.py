@@ -1,7 +1,9 @@
 """Tokenizers: byte-level BPE (HF `tokenizers`) and character-level, behind one interface.
 
 Both map text to ids and back, give each token's character span in the text (attention pictures
-label their axes with it) and save to one JSON file that `load_tokenizer` tells apart.
+label their axes with it) and save to one JSON file that `load_tokenizer` tells apart. A pretrained
+model's tokenizer.json (tinylm/pretrained/) loads as a BPETokenizer too, with the model's own
+end-of-text token and the BOS token its file adds, as transformers encodes it.
 
     tok = train_tokenizer(TokenizerConfig(name="bpe", vocab_size=512), ["Once upon a time ..."])
     ids, offsets = tok.encode_with_offsets("The cat sat. It purred.")
@@ -13,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -57,7 +60,8 @@ class TokenizerConfig:
 
 
 class Tokenizer(ABC):
-    """What every tinylm tokenizer offers; `eot_id` is the id of <|endoftext|>."""
+    """What every tinylm tokenizer offers; `eot_id` is the id of the end-of-text token
+    (<|endoftext|> in tinylm's own, where generation stops)."""
 
     eot_id: int
 
@@ -83,7 +87,7 @@ class Tokenizer(ABC):
         """Write the tokenizer to one JSON file, whole or not at all (a full disk: NotWritten)."""
 
     def encode(self, text: str) -> list[int]:
-        """Ids of `text`; the literal string <|endoftext|> becomes eot_id."""
+        """Ids of `text`; a special token written out (<|endoftext|>) becomes its id."""
         return self.encode_with_offsets(text)[0]
 
     def encode_batch(self, texts: list[str]) -> list[list[int]]:
@@ -106,15 +110,29 @@ def _byte_symbols() -> dict[str, int]:
 
 
 class BPETokenizer(Tokenizer):
-    """Byte-level BPE (HF tokenizers): any text encodes, no unknown tokens, exact round-trip."""
+    """Byte-level BPE (HF tokenizers): any text encodes, no unknown tokens, exact round-trip.
 
-    def __init__(self, hf_tokenizer: HFTokenizer):
+    A pretrained model's BPE file works too: `eot_id` is then its end-of-text token (the loader
+    reads it from config.json), encoding applies the file's post-processor (a BOS token first,
+    where it adds one), and a SentencePiece-style vocabulary ("▁the", "<0x0A>") is labelled too.
+    """
+
+    def __init__(self, hf_tokenizer: HFTokenizer, eot_id: int | None = None):
         self.hf = hf_tokenizer
-        eot_id = hf_tokenizer.token_to_id(EOT)
         if eot_id is None:
-            raise ValueError(f"this BPE tokenizer has no {EOT} token; tinylm needs it")
+            eot_id = hf_tokenizer.token_to_id(EOT)
+            if eot_id is None:
+                raise ValueError(f"this BPE tokenizer has no {EOT} token; tinylm needs it")
+        elif not 0 <= eot_id < hf_tokenizer.get_vocab_size():
+            raise ValueError(f"end-of-text id {eot_id} is outside this tokenizer's vocabulary of "
+                             f"{hf_tokenizer.get_vocab_size()}")
         self.eot_id = eot_id
-        self._bytes_of_symbol = _byte_symbols()
+        # byte-level vocabularies (GPT-2's, tinylm's, Llama 3's, Qwen's) spell bytes with the
+        # table below; SentencePiece-style ones (Llama 2's) spell a space "▁", a byte "<0x0A>"
+        byte_level = isinstance(hf_tokenizer.decoder, decoders.ByteLevel)
+        self._bytes_of_symbol = _byte_symbols() if byte_level else None
+        # special and added tokens are labelled as written (<|endoftext|>, <s>, <|im_end|>)
+        self._added = {i: t.content for i, t in hf_tokenizer.get_added_tokens_decoder().items()}
 
     @classmethod
     def train(cls, texts: Iterable[str], vocab_size: int,
@@ -154,13 +172,15 @@ class BPETokenizer(Tokenizer):
         return self.hf.get_vocab_size()
 
     def encode_with_offsets(self, text: str) -> tuple[list[int], list[tuple[int, int]]]:
-        enc = self.hf.encode(text, add_special_tokens=False)
+        # The file's post-processor runs, as in transformers: a pretrained tokenizer's adds its
+        # BOS token (span (0, 0)); tinylm's own have none, so nothing is added to theirs.
+        enc = self.hf.encode(text)
         # Spans are characters of `text`; tokens holding part of one character (the bytes of an
         # emoji) each get that character's whole span.
         return enc.ids, [tuple(span) for span in enc.offsets]
 
     def encode_batch(self, texts: list[str]) -> list[list[int]]:
-        return [enc.ids for enc in self.hf.encode_batch(texts, add_special_tokens=False)]
+        return [enc.ids for enc in self.hf.encode_batch(texts)]
 
     def decode(self, ids: Iterable[int]) -> str:
         # A cut through a multi-byte character decodes to U+FFFD (bytes.decode errors="replace").
@@ -173,13 +193,20 @@ class BPETokenizer(Tokenizer):
             if symbols is None:
                 raise ValueError(f"token id {token_id} is outside this tokenizer's "
                                  f"vocabulary of {self.vocab_size}")
-            if token_id == self.eot_id:
-                labels.append(EOT)
+            if token_id in self._added:
+                labels.append(self._added[token_id])
                 continue
-            raw = bytes(self._bytes_of_symbol[s] for s in symbols)
+            raw = self._bytes(symbols)
             # Part of a multi-byte character shows as escapes (e.g. '\xf0\x9f') instead of '�'.
             labels.append(raw.decode("utf-8", errors="backslashreplace"))
         return labels
+
+    def _bytes(self, symbols: str) -> bytes:
+        """The bytes a vocabulary entry stands for."""
+        if self._bytes_of_symbol is not None:
+            return bytes(self._bytes_of_symbol[s] for s in symbols)
+        byte = re.fullmatch(r"<0x([0-9A-Fa-f]{2})>", symbols)  # SentencePiece's byte fallback
+        return bytes([int(byte[1], 16)]) if byte else symbols.replace("▁", " ").encode()
 
     def save(self, path: str | Path) -> None:
         write_text_atomic(path, self.hf.to_str(pretty=True))
@@ -312,8 +339,10 @@ def _check_dense_ids(hf: HFTokenizer, path: Path) -> None:
                          "tokenizer.json of the run or model")
 
 
-def load_tokenizer(path: str | Path) -> Tokenizer:
-    """Load a tokenizer.json written by either tokenizer; the file says which kind it is."""
+def load_tokenizer(path: str | Path, eot_id: int | None = None) -> Tokenizer:
+    """Load a tokenizer.json written by either tokenizer, or a pretrained model's BPE file; the
+    file says which kind it is. `eot_id`: a pretrained model's end-of-text id (its config.json's
+    eos_token_id), for a BPE file without <|endoftext|> or one whose model ends texts otherwise."""
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"tokenizer file {path} does not exist")
@@ -332,6 +361,9 @@ def load_tokenizer(path: str | Path) -> Tokenizer:
                                                   for c in chars):
             raise ValueError(f"{path} is a char tokenizer without its \"chars\" list of "
                              "single characters")
+        if eot_id is not None:
+            raise ValueError(f"{path} is a char tokenizer, whose end-of-text id is its own: "
+                             "eot_id is for a pretrained model's BPE file")
         return CharTokenizer(chars)
     if isinstance(data, dict) and isinstance(data.get("model"), dict) \
             and data["model"].get("type") == "BPE":
@@ -341,6 +373,9 @@ def load_tokenizer(path: str | Path) -> Tokenizer:
             raise ValueError(f"{path} is not a usable BPE tokenizer: "
                              f"{str(err).splitlines()[0]}") from None
         _check_dense_ids(hf, path)
-        return BPETokenizer(hf)
+        try:
+            return BPETokenizer(hf, eot_id)
+        except ValueError as err:  # its end-of-text token missing
+            raise ValueError(f"{path}: {err}") from None
     raise ValueError(f"{path} is not a tinylm tokenizer: expected a char tokenizer "
                      "(\"kind\": \"tinylm-char\") or an HF tokenizers BPE file")

@@ -3,7 +3,7 @@ tinylm (and so TransformerLens, bertviz or the hub).
 
     tinylm-export checkpoint=<run dir> out=exported/my-run
     python -c "import transformers as t; t.AutoModelForCausalLM.from_pretrained('exported/my-run')"
-    (options: conf/export.yaml; the format: tinylm/pretrained.py's export_gpt2)
+    (options: conf/export.yaml; the format: tinylm/pretrained/gpt2.py's export_gpt2)
 
 Writes config.json, model.safetensors, tokenizer.json and tokenizer_config.json into `out`, all
 once everything is converted, each file whole (a full disk leaves `out` as it was). `out` is a

@@ -30,10 +30,9 @@ from tinylm.cli.sizes import refuse_batch
 from tinylm.config import ConfigError, at_least, check, choice
 from tinylm.files import published_atomically, write_json_atomic
 from tinylm.inspection.capture import capture_attention
-from tinylm.inspection.patching import build_pairs
-from tinylm.inspection.probe import probe, probe_files
-from tinylm.inspection.probe_items import load_probe_file
-from tinylm.inspection.probe_report import format_report, write_probe_figures
+from tinylm.inspection.probe import probe_files
+from tinylm.inspection.probe_report import write_probe_figures
+from tinylm.inspection.probe_types import Agreement, Patching, load_probe_file, probe
 from tinylm.train.threads import check_threads_setting
 
 PAIRS_SHOWN = 8  # pairs whose attention the tab shows beside their patching
@@ -72,17 +71,18 @@ class ProbeConfig:
               patch=choice(False, True, "fast"))
 
 
-def patched_texts(model, tokenizer, patching: dict | None) -> dict:
+def patched_texts(model, tokenizer, patching: Patching | None) -> dict:
     """The attention over the first pairs' clean texts (up to the pronoun), for the tab to show
     beside their patching: name -> AttentionCapture."""
-    pairs = patching["pairs"][:PAIRS_SHOWN] if patching else []
+    pairs = patching.result.pairs[:PAIRS_SHOWN] if patching and patching.result else []
     return {f"patching/pair_{i:03d}": capture_attention(
-                model, tokenizer, tokenizer.decode(p["clean_ids"] + p["target_ids"][:1]))
+                model, tokenizer, tokenizer.decode(p.clean_ids + list(p.target_ids[:1])))
             for i, p in enumerate(pairs)}
 
 
 def run_probe(cfg: ProbeConfig, out=None) -> dict:
-    """Load checkpoint and probe files, score, print the summary, write JSON and TensorBoard."""
+    """Load checkpoint and probe files, score, print the summary, write JSON and TensorBoard;
+    returns probe.json's content."""
     out = out or sys.stdout
     if cfg.out and Path(cfg.out).is_dir():  # refused before the work, not when writing it
         raise ValueError(f"out={cfg.out} is a directory; name the report file, e.g. "
@@ -101,12 +101,13 @@ def run_probe(cfg: ProbeConfig, out=None) -> dict:
                    before_work=lambda passes: refuse_batch(c, cfg.batch_size, passes),
                    patch=patch)
     seconds = time.perf_counter() - start
-    if cfg.ablate and report["ablation"] is None:
+    if cfg.ablate and report.get(Agreement).ablation is None:
         print(f"note: ablate={str(cfg.ablate).lower()} needs agreement items (with "
               "wrong_pronoun), e.g. probe_file=data/probes/agreement.jsonl; no ablation done",
               file=sys.stderr)
-    if patch and not report["patching"]:
-        _, skipped = build_pairs(ckpt.tokenizer, items, c.block_size)  # to say why
+    patching = report.get(Patching)
+    if patching and not patching.result:
+        skipped = patching.skipped  # to say why
         why = f"; {len(skipped)} skipped, the first: {skipped[0]['source']}: " \
               f"{skipped[0]['reason']}" if skipped else ""
         print(f"note: patch={str(cfg.patch).lower()} needs agreement items with a counterfactual"
@@ -115,21 +116,21 @@ def run_probe(cfg: ProbeConfig, out=None) -> dict:
 
     logdir = Path(cfg.logdir) if cfg.logdir else default_logdir(ckpt.directory, "probe")
     json_path = Path(cfg.out) if cfg.out else logdir / "probe.json"
-    report = {"checkpoint": str(ckpt.directory), "probe_files": [str(p) for p in files],
-              "logdir": str(logdir), **report}
-    console = format_report(report, c.n_layer, c.n_head, cfg.top_heads)
-    texts = patched_texts(model, ckpt.tokenizer, report.get("patching"))
+    written = {"checkpoint": str(ckpt.directory), "probe_files": [str(p) for p in files],
+               "logdir": str(logdir), **report.to_json()}
+    console = report.console(cfg.top_heads)
+    texts = patched_texts(model, ckpt.tokenizer, patching)
     with published_atomically(logdir) as folder:
-        write_probe_figures(report, folder, c.n_layer, c.n_head, console, texts)
+        write_probe_figures(report, folder, console, texts)
         if cfg.out:
-            write_json_atomic(json_path, report)
+            write_json_atomic(json_path, written)
         else:
-            (folder / json_path.name).write_text(json.dumps(report, indent=2) + "\n")
+            (folder / json_path.name).write_text(json.dumps(written, indent=2) + "\n")
     for line in console:
         print(line, file=out)
     print(f"[{seconds:.1f}s] report: {json_path}\nheatmaps: tensorboard --logdir "
           f"{shlex.quote(str(logdir))}", file=out)
-    return report
+    return written
 
 
 main = command("tinylm-probe", "probe", ProbeConfig, run_probe)

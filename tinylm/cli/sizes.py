@@ -52,18 +52,23 @@ def refuse_unless_held(key: str, value: object, n: int, held: Callable[[int], fl
 def refuse_samples(c: ModelConfig, n_prompt: int, max_new_tokens: int, num_samples: int,
                    inspect: bool) -> None:
     """Refuse max_new_tokens or num_samples when the samples of a prompt of n_prompt tokens, and
-    with inspect=true one text's inspection, cannot be held."""
-    fixed = 2 * c.n_layer * c.block_size * c.n_embd * 4  # the KV cache: float32 keys and values
+    with inspect=true one text's inspection, cannot be held (key/value heads shared by query
+    heads are counted as n_embd wide: an upper bound)."""
+    def fixed(n: int) -> int:
+        window = min(c.block_size, n_prompt + n + 1)  # the positions the KV cache is made for
+        held = 2 * c.n_layer * window * c.n_embd * 4  # float32 keys and values
+        if inspect:
+            held += ATTENTION_BYTES * c.n_layer * c.n_head * window ** 2
+        return held
     each = TOKEN_BYTES + (TEXT_TOKEN_BYTES if inspect else 0)
-    if inspect:
-        fixed += ATTENTION_BYTES * c.n_layer * c.n_head * c.block_size ** 2
     rule = f"each token of a sample holds about {each} bytes" + (
         " (with inspect=true, its attention reading)" if inspect else "")
     refuse_unless_held("max_new_tokens", max_new_tokens, max_new_tokens,
-                       lambda n: fixed + (n_prompt + 1 + n) * each, rule)
+                       lambda n: fixed(n) + (n_prompt + 1 + n) * each, rule)
     tokens = n_prompt + max_new_tokens + 1
     refuse_unless_held("num_samples", num_samples, num_samples,
-                       lambda n: fixed + tokens * each + (n - 1) * tokens * TOKEN_BYTES,
+                       lambda n: fixed(max_new_tokens) + tokens * each
+                       + (n - 1) * tokens * TOKEN_BYTES,
                        f"each sample of {n_prompt} + max_new_tokens={max_new_tokens} tokens "
                        f"holds about {tokens * TOKEN_BYTES:,} bytes")
 

@@ -19,6 +19,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from tinylm.hooks import run_with_cache
+
 PRONOUNS = frozenset(
     word for w in ("he", "she", "it", "they", "him", "her", "his", "its", "them", "their")
     for word in (w, w.capitalize()))
@@ -125,9 +127,10 @@ def is_name(text: str, word_spans: Sequence[tuple[int, int]], i: int) -> bool:
 
 @torch.inference_mode()
 def capture_attention(model, tokenizer, text: str, keep: str = "first") -> AttentionCapture:
-    """One forward pass over `text` with every layer's attention weights kept; a longer text than
-    block_size is cut to its first or last block_size tokens (`keep`; after generation "first" is
-    the attention the model wrote them with)."""
+    """One forward pass over `text` with every layer's attention weights kept (read at the hook
+    points blocks.{i}.attn.hook_pattern); a longer text than block_size is cut to its first or
+    last block_size tokens (`keep`; after generation "first" is the attention the model wrote
+    them with)."""
     ids, offsets = tokenizer.encode_with_offsets(text)
     if not ids:
         raise ValueError("cannot inspect an empty text")
@@ -136,8 +139,9 @@ def capture_attention(model, tokenizer, text: str, keep: str = "first") -> Atten
     window = slice(start, start + model.config.block_size)
     ids, offsets = list(ids[window]), [tuple(o) for o in offsets[window]]
     device = next(model.parameters()).device
-    out = model(torch.tensor([ids], dtype=torch.long, device=device), return_attention=True)
-    weights = torch.stack([a[0] for a in out.attentions]).float().cpu().numpy()  # (L, nh, T, T)
+    idx = torch.tensor([ids], dtype=torch.long, device=device)
+    _, cache = run_with_cache(model, idx, ["hook_pattern"])  # filled in forward order: by layer
+    weights = torch.stack([w[0] for w in cache.values()]).float().cpu().numpy()  # (L, nh, T, T)
     word_spans = find_words(text)
     return AttentionCapture(text, ids, list(tokenizer.token_strings(ids)), offsets, weights,
                             word_spans, token_word_index(offsets, word_spans, len(text)),

@@ -9,9 +9,9 @@ output does. Take two texts that differ only in the name, a clean one and its co
 
 The metric is m = log P(clean pronoun) - log P(clean wrong pronoun) at the deciding position (the
 last token here, the one before the pronoun), with the same two pronoun tokens in both runs: high
-on the clean text, low on the counterfactual. Copy one head's output (its slice of the
-concatenated heads, before out_proj) at one position from the counterfactual run into the clean
-run; the pronoun prediction moves by
+on the clean text, low on the counterfactual. Copy one head's output (its slice of the hook
+point blocks.{layer}.attn.hook_z, before the heads are concatenated and projected) at one
+position from the counterfactual run into the clean run; the pronoun prediction moves by
 
     effect = (m_patched - m_clean) / (m_counterfactual - m_clean)
 
@@ -35,6 +35,8 @@ import torch
 from torch.nn.utils.rnn import pad_sequence
 from tqdm.auto import tqdm
 
+from tinylm.hooks import caching, resolve
+from tinylm.inspection.interventions import head_replaced
 from tinylm.inspection.probe_items import (
     ProbeFileError,
     ProbeItem,
@@ -219,16 +221,15 @@ class Run(NamedTuple):
     """What one pass over a list of sequences leaves, each padded to the longest (T_max)."""
 
     resid: torch.Tensor  # (L, N, T_max, C): each block's input, the residual stream
-    heads: torch.Tensor  # (L, N, T_max, C): each layer's heads side by side, before out_proj
+    heads: torch.Tensor  # (L, N, T_max, nh, hs): each head's output (hook_z), before out_proj
     m: torch.Tensor | None  # (N,) at each sequence's last position, when targets are given
-    grads: torch.Tensor | None  # (L, N, T_max, C): ∂m/∂heads, when asked for
+    grads: torch.Tensor | None  # (L, N, T_max, nh, hs): ∂m/∂heads, when asked for
 
 
 def _tail(model, x: torch.Tensor, first: int, positions: torch.Tensor) -> torch.Tensor:
     """The final-normed state (R, C) at positions (R,), from block `first`'s input x (R, T, C)."""
-    for block in model.blocks[first:]:
-        x, _ = block(x)
-    return model.ln_f(x[torch.arange(len(x), device=x.device), positions])
+    h = model.forward_from(first, x)  # (R, T, C)
+    return h[torch.arange(len(h), device=h.device), positions]
 
 
 def _margin(model, h: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
@@ -238,94 +239,67 @@ def _margin(model, h: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     return (h.float() * (w[targets[:, 0]] - w[targets[:, 1]]).float()).sum(-1)
 
 
-@contextmanager
-def _recorded(model):
-    """Inside: two lists filling, per forward pass, with each block's input and each layer's
-    concatenated heads (out_proj's input), in layer order."""
-    block_inputs, head_outputs = [], []
-    handles = [module.register_forward_pre_hook(lambda _, args, kept=kept: kept.append(args[0]))
-               for block in model.blocks
-               for module, kept in ((block, block_inputs), (block.attn.out_proj, head_outputs))]
-    try:
-        yield block_inputs, head_outputs
-    finally:
-        for handle in handles:
-            handle.remove()
-
-
 def _capture(model, sequences: list[list[int]], batch_size: int,
              targets: torch.Tensor | None = None, grads: bool = False) -> Run:
     """Run the sequences in batches (right-padded: causal, so padding is never looked at),
     keeping every block's input and heads' output; with targets (N, 2) also m, and with grads
     its gradient with respect to the heads' outputs."""
-    c, w = model.config, model.wte.weight
+    block_size, p = model.config.block_size, next(model.parameters())
     N, T_max = len(sequences), max(map(len, sequences))
-    if T_max > c.block_size:
-        raise ValueError(f"a sequence of {T_max} tokens is longer than block_size={c.block_size}")
-    resid = torch.zeros(c.n_layer, N, T_max, c.n_embd, dtype=w.dtype, device=w.device)
-    heads, grad = torch.zeros_like(resid), torch.zeros_like(resid) if grads else None
-    m = None if targets is None else torch.zeros(N, device=w.device)
+    if T_max > block_size:
+        raise ValueError(f"a sequence of {T_max} tokens is longer than block_size={block_size}")
+    # the hook points' full names, one per layer in layer order
+    resid_names, z_names = resolve(model, ["hook_resid_pre"]), resolve(model, ["hook_z"])
+    resid = heads = grad = None  # (L, N, T_max, ...), shaped by the first batch's activations
+    m = None if targets is None else torch.zeros(N, device=p.device)
     for start in range(0, N, batch_size):
         rows = slice(start, start + batch_size)
         idx = pad_sequence([torch.tensor(s) for s in sequences[rows]], batch_first=True)
-        idx, T = idx.to(w.device), idx.size(1)
-        last = torch.tensor([len(s) - 1 for s in sequences[rows]], device=w.device)
-        with _recorded(model) as (block_inputs, head_outputs), \
+        idx, T = idx.to(p.device), idx.size(1)
+        last = torch.tensor([len(s) - 1 for s in sequences[rows]], device=p.device)
+        # with grads the heads' outputs stay in the graph, for m's gradient with respect to them
+        with caching(model, resid_names) as block_inputs, \
+                caching(model, z_names, detach=not grads) as head_outputs, \
                 torch.enable_grad() if grads else torch.no_grad():
-            x = model.wte(idx) + model.wpe.weight[:T]  # as TinyLM.forward, in eval (no dropout)
-            h = _tail(model, x, 0, last)
+            h = _tail(model, model.embed(idx), 0, last)  # eval: embed adds no dropout
             if targets is not None:
                 m_rows = _margin(model, h, targets[rows])
                 m[rows] = m_rows.detach()
+            zs = [head_outputs[name] for name in z_names]  # (B, nh, T, hs) each
+            if resid is None:
+                L, (_, nh, _, hs) = len(zs), zs[0].shape
+                resid = torch.zeros(L, N, T_max, block_inputs[resid_names[0]].size(-1),
+                                    dtype=p.dtype, device=p.device)
+                heads = torch.zeros(L, N, T_max, nh, hs, dtype=p.dtype, device=p.device)
+                grad = torch.zeros_like(heads) if grads else None
             if grads:
-                for layer, g in enumerate(torch.autograd.grad(m_rows.sum(), head_outputs)):
-                    grad[layer, rows, :T] = g
-            resid[:, rows, :T] = torch.stack(block_inputs).detach()
-            heads[:, rows, :T] = torch.stack(head_outputs).detach()
+                for layer, g in enumerate(torch.autograd.grad(m_rows.sum(), zs)):
+                    grad[layer, rows, :T] = g.transpose(1, 2)
+            resid[:, rows, :T] = torch.stack([block_inputs[name] for name in resid_names])
+            heads[:, rows, :T] = torch.stack(zs).transpose(2, 3).detach()  # (L, B, T, nh, hs)
     return Run(resid, heads, m, grad)
-
-
-@contextmanager
-def _head_replaced(attn, head: int, values: torch.Tensor, where: torch.Tensor | None = None):
-    """Inside: head `head` of `attn` outputs `values` (..., T_v, hs) at positions 0..T-1,
-    where `where` (B, T) is True (None: everywhere), before the heads are projected."""
-    cols = slice(head * attn.head_size, (head + 1) * attn.head_size)
-
-    def hook(module, args):
-        y = args[0].clone()  # (B, T, C): the heads side by side, head h in columns h*hs..
-        if y.size(1) > values.size(-2):  # the positions past the values would keep their own
-            raise ValueError(f"a sequence of {y.size(1)} tokens, but values for only "
-                             f"{values.size(-2)} positions to put in head {head}")
-        new = values[..., :y.size(1), :].to(y.dtype)
-        y[..., cols] = new if where is None else torch.where(where[..., None], new, y[..., cols])
-        return (y,)
-    handle = attn.out_proj.register_forward_pre_hook(hook)
-    try:
-        yield
-    finally:
-        handle.remove()
 
 
 @contextmanager
 def replaced_head_output(model, layer: int, head: int, values: torch.Tensor):
     """Inside: that head's output at positions 0..T-1 is values[:T] ((T_max, hs)) in every
     sequence, e.g. its means from head_output_means (mean-ablation)."""
-    attn = model.blocks[layer].attn
-    if values.dim() != 2 or values.size(1) != attn.head_size:
-        raise ValueError(f"replaced_head_output: values of shape {tuple(values.shape)}; a head's "
-                         f"output is (positions, {attn.head_size})")
-    with _head_replaced(attn, head, values.to(model.wte.weight.device)):
+    if values.dim() != 2:
+        raise ValueError(f"replaced_head_output: values of shape {tuple(values.shape)}; a "
+                         "head's output is (positions, head size)")
+    with head_replaced(model, layer, head, values):
         yield
 
 
 def head_output_means(model, sequences: list[list[int]], batch_size: int = 64
                       ) -> list[torch.Tensor]:
-    """Per layer (T_max, C): each head's output averaged over the sequences reaching each
+    """Per layer (T_max, nh·hs): each head's output averaged over the sequences reaching each
     position (the heads side by side, head h in columns h*hs..(h+1)*hs)."""
     run = _capture(model, sequences, batch_size)
-    lengths = torch.tensor([len(s) for s in sequences], device=run.heads.device)
-    reach = (torch.arange(run.heads.size(2), device=lengths.device) < lengths[:, None])  # (N, T)
-    sums = (run.heads * reach[None, :, :, None]).sum(1)  # (L, T_max, C)
+    heads = run.heads.flatten(-2)  # (L, N, T_max, nh·hs): out_proj's input
+    lengths = torch.tensor([len(s) for s in sequences], device=heads.device)
+    reach = (torch.arange(heads.size(2), device=lengths.device) < lengths[:, None])  # (N, T)
+    sums = (heads * reach[None, :, :, None]).sum(1)  # (L, T_max, nh·hs)
     return list(sums / reach.sum(0)[None, :, None])
 
 
@@ -350,17 +324,17 @@ def patch_heads(model, pairs: list[PatchPair], batch_size: int = 64) -> Patching
     once), counterfactual output into the clean run, each run from the cached clean residual."""
     if not pairs:
         raise ValueError("patch_heads: no pairs to patch")
-    c, device = model.config, model.wte.weight.device
+    device = next(model.parameters()).device
     targets = _targets(pairs, device)
     clean = _capture(model, [p.clean_ids for p in pairs], batch_size, targets)
     other = _capture(model, [p.counterfactual_ids for p in pairs], batch_size, targets)
-    T_max = clean.resid.size(2)
+    n_layer, _, T_max, n_head, _ = clean.heads.shape
     # one row per (pair, patched position), and per pair one with every position patched (-1);
     # pairs of similar length share batches, which then hold little padding
     order = sorted(range(len(pairs)), key=lambda i: len(pairs[i].clean_ids))
     rows = [(i, p) for i in order for p in [*range(len(pairs[i].clean_ids)), -1]]
-    by_position = torch.zeros(len(pairs), c.n_layer, c.n_head, T_max, dtype=torch.float64)
-    at_all = torch.zeros(len(pairs), c.n_layer, c.n_head, dtype=torch.float64)
+    by_position = torch.zeros(len(pairs), n_layer, n_head, T_max, dtype=torch.float64)
+    at_all = torch.zeros(len(pairs), n_layer, n_head, dtype=torch.float64)
     batches = []
     for start in range(0, len(rows), batch_size):
         chunk = rows[start:start + batch_size]
@@ -370,13 +344,13 @@ def patch_heads(model, pairs: list[PatchPair], batch_size: int = 64) -> Patching
         at = torch.arange(T)
         where = (at == patched[:, None]) | ((patched[:, None] == -1) & (at < lengths[:, None]))
         batches.append((pair, patched, lengths - 1, where.to(device), T))
-    heads = tqdm(list(itertools.product(range(c.n_layer), range(c.n_head))), desc="patching",
+    heads = tqdm(list(itertools.product(range(n_layer), range(n_head))), desc="patching",
                  unit="head", leave=False, disable=None)
-    hs = c.n_embd // c.n_head
     for layer, head in heads:
         for pair, patched, last, where, T in batches:
-            values = other.heads[layer, pair, :T, head * hs:(head + 1) * hs]  # (R, T, hs)
-            with _head_replaced(model.blocks[layer].attn, head, values, where):
+            values = other.heads[layer, pair, :T, head]  # (R, T, hs)
+            # from the layer's clean input on: the layers below it are the clean run's
+            with head_replaced(model, layer, head, values, where):
                 h = _tail(model, clean.resid[layer, pair, :T], layer, last.to(device))
             m = _margin(model, h, targets[pair]).double().cpu()
             one = patched >= 0
@@ -390,14 +364,12 @@ def attribution_patch(model, pairs: list[PatchPair], batch_size: int = 64) -> Pa
     forward and backward pass per batch, m_patched - m_clean ≈ (a_cf - a_clean) · ∂m/∂a."""
     if not pairs:
         raise ValueError("attribution_patch: no pairs to patch")
-    c = model.config
-    targets = _targets(pairs, model.wte.weight.device)
+    targets = _targets(pairs, next(model.parameters()).device)
     clean = _capture(model, [p.clean_ids for p in pairs], batch_size, targets, grads=True)
     other = _capture(model, [p.counterfactual_ids for p in pairs], batch_size, targets)
-    L, P, T_max, C = clean.heads.shape
     with torch.no_grad():
-        terms = (other.heads - clean.heads) * clean.grads  # (L, P, T_max, C)
-        moved = terms.view(L, P, T_max, c.n_head, C // c.n_head).sum(-1)  # (L, P, T_max, nh)
+        terms = (other.heads - clean.heads) * clean.grads  # (L, P, T_max, nh, hs)
+        moved = terms.sum(-1)  # (L, P, T_max, nh)
         moved = moved.permute(1, 0, 3, 2).double()  # (P, L, nh, T_max)
         # padding has no gradient (nothing reads it): the sum over positions is over the text
         m_clean = clean.m.double()[:, None, None]

@@ -1,40 +1,33 @@
-"""tinylm-probe's scores on the items of probe_items.py: which heads follow a pronoun to its
-antecedent (attention items), whether the model prefers a name's pronoun to the wrong one as whole
-words (agreement items), which heads that needs (ablation through head_mask), and each head's
-attention at the deciding position, the token before the pronoun where a causal model chooses it.
-Patching (patching.py) adds the causal test: which heads carry the name's gender from a clean
-text to its counterfactual. The report is shown (console tables, heatmaps) by probe_report.py.
+"""The metrics of tinylm-probe's probe types (probe_types.py): which heads follow a pronoun to
+its antecedent (attention items), whether the model prefers a name's pronoun to the wrong one as
+whole words (agreement items), which heads that needs (each head zeroed or mean-ablated in turn,
+through the hook points of tinylm/hooks.py), and each head's attention at the deciding position,
+the token before the pronoun where a causal model chooses it. Patching (patching.py) adds the
+causal test: which heads carry the name's gender from a clean text to its counterfactual.
 
-    report = probe(model, tokenizer, items, ablate="mean", patch="exact")    # a JSON-ready dict
+    margins = agreement_margins(model, encoded, new_word_tokens(tokenizer))    # (N,)
+    rows = ablate_heads(model, encoded, new_word, method=MEAN_ABLATION)        # one per head
 """
 
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable
+from contextlib import nullcontext
 from pathlib import Path
 
 import numpy as np
 import torch
 from tqdm.auto import tqdm
 
+from tinylm.hooks import run_with_cache
 from tinylm.inspection.capture import deciding_token, key_words, word_level
-from tinylm.inspection.patching import (
-    attribution_patch,
-    build_pairs,
-    head_output_means,
-    patch_heads,
-    replaced_head_output,
-)
+from tinylm.inspection.interventions import head_replaced, heads_scaled
+from tinylm.inspection.patching import head_output_means
 from tinylm.inspection.probe_items import (
     SHIPPED_PROBES,
     EncodedAgreementItem,
     EncodedAttentionItem,
     ProbeItem,
-    encode_agreement_item,
-    encode_attention_item,
-    match_case,
-    new_word_tokens,
     shipped_probe,
 )
 
@@ -102,8 +95,10 @@ def mention_attention(model, encoded: list[EncodedAttentionItem], batch_size: in
     antecedent, distractor = [], []
     for start in range(0, len(encoded), batch_size):
         chunk = encoded[start:start + batch_size]
-        out = model(_padded([e.ids for e in chunk], device), return_attention=True)
-        weights = torch.stack(out.attentions, dim=1).float().cpu().numpy()  # (B, L, nh, T, T)
+        _, cache = run_with_cache(model, _padded([e.ids for e in chunk], device), ["hook_pattern"])
+        weights = torch.stack([cache[f"blocks.{i}.attn.hook_pattern"]
+                               for i in range(model.config.n_layer)], dim=1)
+        weights = weights.float().cpu().numpy()  # (B, L, nh, T, T)
         for row, e in enumerate(chunk):
             t = len(e.ids)
             w = weights[row, :, :, :t, :t]
@@ -119,17 +114,17 @@ def word_log_probs(model, sequences: list[list[int]], n_context: list[int],
                    new_word: torch.Tensor, head_mask: torch.Tensor | None = None,
                    batch_size: int = 64) -> torch.Tensor:
     """log P(word | context) for each sequence (S,), the word being sequence[n_context:]: the
-    chain rule over its tokens, plus log P(the next token starts a new word)."""
+    chain rule over its tokens, plus log P(the next token starts a new word). head_mask
+    (n_layer, n_head) multiplies each head's output (0: zero-ablated)."""
     device = next(model.parameters()).device
     new_word = new_word.to(device)
-    if head_mask is not None:
-        head_mask = head_mask.to(device)
     result = torch.zeros(len(sequences), dtype=torch.float64)
     # batches of similar lengths waste little work on padding
     order = sorted(range(len(sequences)), key=lambda i: len(sequences[i]))
     for start in range(0, len(order), batch_size):
         rows = order[start:start + batch_size]
-        logits = model(_padded([sequences[i] for i in rows], device), head_mask=head_mask).logits
+        with heads_scaled(model, head_mask) if head_mask is not None else nullcontext():
+            logits = model(_padded([sequences[i] for i in rows], device)).logits
         # Per sequence of length t with context c: rows c-1 .. t-2 of its logits predict the
         # word's tokens, row t-1 what follows the word. Gather them all, normalise once.
         batch, pos, seq_of, last = [], [], [], []
@@ -178,7 +173,7 @@ def ablate_heads(model, encoded: list[EncodedAgreementItem], new_word: torch.Ten
     for layer, head in heads:
         if method == MEAN_ABLATION:
             head_mean = means[layer][:, head * hs:(head + 1) * hs]  # (T_max, hs)
-            with replaced_head_output(model, layer, head, head_mean):
+            with head_replaced(model, layer, head, head_mean):
                 m = agreement_margins(model, encoded, new_word, None, batch_size)
         else:
             mask = torch.ones(c.n_layer, c.n_head)
@@ -236,17 +231,18 @@ def prediction_match(attention_difference: np.ndarray, preference: np.ndarray
 
 
 def evidence(attention: list[dict], ablation: list[dict] | None,
-             mean_ablation: list[dict] | None = None, patching: dict | None = None) -> list[dict]:
+             mean_ablation: list[dict] | None = None, patching: list[dict] | None = None
+             ) -> list[dict]:
     """Per head, each reading that was measured: deciding attention to the name, the margin
-    change when zeroed and when mean-ablated, the patching effect; `singled_out_by` lists the
-    readings that single the head out (OVER_MEDIAN, MIN_MARGIN_LOSS, MIN_PATCH_EFFECT) and
-    `agrees` is true when attention and zero-ablation both do."""
+    change when zeroed and when mean-ablated, the patching effect (rows with an "effect");
+    `singled_out_by` lists the readings that single the head out (OVER_MEDIAN, MIN_MARGIN_LOSS,
+    MIN_PATCH_EFFECT) and `agrees` is true when attention and zero-ablation both do."""
     def by_head(entries: list[dict] | None, key: str) -> dict:
         return {(e["layer"], e["head"]): e[key] for e in entries or ()}
 
     zeroed = by_head(ablation, "delta_mean_margin")
     mean = by_head(mean_ablation, "delta_mean_margin")
-    effect = by_head(patching and patching["heads"], "effect")
+    effect = by_head(patching, "effect")
     typical = float(np.median([a["mean_attention"] for a in attention]))
     rows = []
     for a in attention:
@@ -287,87 +283,3 @@ def deciding_report(model, enc_names: list[EncodedAttentionItem],
         result["prediction_match"] = head_entries({"match": match, "correlation": correlation})
     return result
 
-
-def probe(model, tokenizer, items: list[ProbeItem], ablate: bool | str = False,
-          batch_size: int = 64,
-          before_work: Callable[[list[list[list[int]]]], None] | None = None,
-          patch: str | None = None) -> dict:
-    """Score every head on the attention items, measure agreement (and ablations), read every
-    head at the deciding position, and patch heads across counterfactual pairs; the report.
-
-    `ablate`: False; True or "zero" (each head zeroed in turn); "mean" (zeroed, and beside it
-    replaced by its mean output). `patch`: None, "exact" (patching.patch_heads) or "attribution"
-    (its first-order estimate). `before_work(passes)` sees, once every item is tokenized and
-    before any model work, the sequences (as ids) of each kind of forward pass: the command
-    refuses a batch_size there that cannot be held.
-    """
-    c = model.config
-    attention = [i for i in items if i.kind == "attention"]
-    agreement = [i for i in items if i.kind == "agreement"]
-    # the model's own preference on a two-character item needs a wrong pronoun: the item's, else
-    # the other gender's; "her" has none (such items are left out and counted)
-    wrong = [i.wrong_pronoun or DERIVED_WRONG_PRONOUN.get(i.pronoun.lower()) for i in attention]
-    scored = [k for k, w in enumerate(wrong) if w is not None]
-    # tokenize everything first: a bad item stops the run before any model work or output
-    enc_attention = [encode_attention_item(tokenizer, i, c.block_size) for i in attention]
-    enc_agreement = [encode_agreement_item(tokenizer, i, c.block_size) for i in agreement]
-    enc_names = [encode_attention_item(tokenizer, i, c.block_size) for i in agreement]
-    enc_preference = [encode_agreement_item(tokenizer, attention[k], c.block_size, wrong[k])
-                      for k in scored]
-    pairs, skipped = build_pairs(tokenizer, agreement, c.block_size) if patch else ([], [])
-    if before_work is not None:
-        before_work([[e.ids for e in enc_attention], [e.ids for e in enc_names],
-                     [s for e in enc_agreement for s in (e.written, e.wrong)],
-                     [s for e in enc_preference for s in (e.written, e.wrong)],
-                     [s for p in pairs for s in (p.clean_ids, p.counterfactual_ids)]])
-
-    report: dict = {"n": len(attention), "heads": [], "best": None, "baselines": None,
-                    "agreement": None, "ablation": None, "deciding": None, "evidence": None,
-                    "best_deciding": None}
-    if ablate == MEAN_ABLATION:
-        report["mean_ablation"] = None
-    if patch:
-        report["patching"] = None
-    new_word = new_word_tokens(tokenizer)
-    if attention:
-        ante, distr = mention_attention(model, enc_attention, batch_size)
-        accuracy = head_accuracy(ante, distr)
-        report["heads"] = [
-            {"layer": layer, "head": head, "accuracy": float(accuracy[layer, head]),
-             "mean_antecedent_attention": float(ante[:, layer, head].mean()),
-             "mean_distractor_attention": float(distr[:, layer, head].mean())}
-            for layer in range(c.n_layer) for head in range(c.n_head)]
-        best = max(report["heads"], key=lambda h: h["accuracy"])  # first of ties: lowest layer
-        report["best"] = {k: best[k] for k in ("layer", "head", "accuracy")}
-        report["baselines"] = baselines(attention)
-    if agreement:
-        margins = agreement_margins(model, enc_agreement, new_word, None, batch_size)
-        report["agreement"] = {
-            "n": len(agreement), "accuracy": float((margins > 0).float().mean()),
-            "mean_margin": float(margins.mean()),
-            "items": [{"source": i.source, "pronoun": i.pronoun,
-                       "wrong_pronoun": match_case(i.wrong_pronoun, i.pronoun),
-                       "margin": float(m)} for i, m in zip(agreement, margins, strict=True)]}
-        if ablate:
-            report["ablation"] = ablate_heads(model, enc_agreement, new_word, batch_size, margins)
-        if ablate == MEAN_ABLATION:
-            report["mean_ablation"] = ablate_heads(model, enc_agreement, new_word, batch_size,
-                                                   margins, MEAN_ABLATION)
-    if pairs:
-        patched = patch_heads if patch == "exact" else attribution_patch
-        report["patching"] = patched(model, pairs, batch_size).to_json(skipped)
-        for entry, pair in zip(report["patching"]["pairs"], pairs, strict=True):
-            # the words, for a reader of the JSON and for the console's strongest cells
-            entry["clean_tokens"] = tokenizer.token_strings(pair.clean_ids)
-            entry["target_tokens"] = tokenizer.token_strings(pair.target_ids)
-    if attention or agreement:
-        report["deciding"] = deciding_report(model, enc_names, enc_attention, scored,
-                                             enc_preference, new_word, batch_size)
-    names = report["deciding"]["agreement_attention"] if report["deciding"] else []
-    if names:
-        best = max(names, key=lambda h: h["mean_attention"])
-        report["best_deciding"] = {k: best[k] for k in ("layer", "head", "mean_attention")}
-    if names and (report["ablation"] or report.get("patching")):
-        report["evidence"] = evidence(names, report["ablation"], report.get("mean_ablation"),
-                                      report.get("patching"))
-    return report

@@ -1,10 +1,11 @@
 """Probe files (the format: docs/inspecting.md): JSONL, one item per line, read and checked line
-by line, then tokenized for the scoring in probe.py. Character offsets point at a word's first
-character. An attention item has two characters of different gender before the pronoun:
-{"text", "pronoun_char", "antecedent_chars", "distractor_chars"}, optionally "wrong_pronoun"; an
-agreement item has one: {"text", "pronoun_char", "antecedent_chars", "wrong_pronoun"}, optionally
-a "counterfactual" partner for activation patching (its text, or the "id" of another line). A line
-that cannot be used raises ProbeFileError naming its file and line.
+by line, each by the probe type that recognises it (probe_types.py), then tokenized for the
+scoring in probe.py. Character offsets point at a word's first character. An attention item has
+two characters of different gender before the pronoun: {"text", "pronoun_char",
+"antecedent_chars", "distractor_chars"}, optionally "wrong_pronoun"; an agreement item has one:
+{"text", "pronoun_char", "antecedent_chars", "wrong_pronoun"}, optionally a "counterfactual"
+partner for activation patching (its text, or the "id" of another line). A line that cannot be
+used raises ProbeFileError naming its file and line.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -33,6 +35,7 @@ class ProbeFileError(ValueError):
 class ProbeItem:
     """One validated probe line."""
 
+    kind: str  # the name of the probe type that read it: "attention" (two characters), "agreement"
     source: str  # "<file>, line <n>", for messages
     text: str
     pronoun_char: int
@@ -41,11 +44,6 @@ class ProbeItem:
     wrong_pronoun: str | None  # agreement items; optional on attention items
     counterfactual: str | None = None  # agreement items: the partner's text (once loaded)
     id: str | None = None  # names the item as another line's counterfactual
-
-    @property
-    def kind(self) -> str:
-        """"attention" (two characters) or "agreement" (one character)."""
-        return "attention" if self.distractor_chars is not None else "agreement"
 
     @property
     def pronoun(self) -> str:
@@ -57,11 +55,9 @@ class ProbeItem:
         return ProbeFileError(f"{self.source}: {message}")
 
 
-def parse_item(obj, where: str) -> ProbeItem:
-    """Check one decoded JSONL line and turn it into a ProbeItem (ProbeFileError if unusable); its
-    counterfactual, a text or another line's id, is resolved and checked by load_probe_file."""
-    if not isinstance(obj, dict):
-        raise ProbeFileError(f"{where}: expected a JSON object, got {type(obj).__name__}")
+def parse_pronoun_item(obj: dict, where: str, kind: str) -> ProbeItem:
+    """A pronoun item of `kind` from a decoded line: two characters where it has
+    distractor_chars, else one and a wrong pronoun to compare with (ProbeFileError if unusable)."""
     text = obj.get("text")
     if not isinstance(text, str) or not text:
         raise ProbeFileError(f"{where}: \"text\" must be a non-empty string")
@@ -126,8 +122,8 @@ def parse_item(obj, where: str) -> ProbeItem:
     if obj.get("counterfactual") is not None and "distractor" in mentions:
         raise ProbeFileError(f"{where}: a counterfactual is for agreement items (one character): "
                              "patching swaps one name, and this item has distractor_chars")
-    return ProbeItem(where, text, p, mentions["antecedent"], mentions.get("distractor"), wrong,
-                     obj.get("counterfactual"), obj.get("id"))
+    return ProbeItem(kind, where, text, p, mentions["antecedent"], mentions.get("distractor"),
+                     wrong, obj.get("counterfactual"), obj.get("id"))
 
 
 def _pronoun_word(item: ProbeItem) -> int:
@@ -153,7 +149,8 @@ def counterfactual_item(item: ProbeItem) -> ProbeItem:
     # a partner of the same pronoun (a name swap within a gender) keeps the item's wrong pronoun
     wrong = item.pronoun.lower() if pronoun.lower() != item.pronoun.lower() else item.wrong_pronoun
     antecedents = [spans[word_at(item_spans, c)][0] for c in item.antecedent_chars]
-    return ProbeItem(f"{item.source} (counterfactual)", text, spans[k][0], antecedents, None, wrong)
+    return ProbeItem("agreement", f"{item.source} (counterfactual)", text, spans[k][0], antecedents,
+                     None, wrong)
 
 
 def _resolve_counterfactual(item: ProbeItem, by_id: dict[str, ProbeItem]) -> ProbeItem:
@@ -174,8 +171,10 @@ def _resolve_counterfactual(item: ProbeItem, by_id: dict[str, ProbeItem]) -> Pro
     return dataclasses.replace(item, counterfactual=text)
 
 
-def load_probe_file(path: str | Path) -> list[ProbeItem]:
-    """Read and check every line of a JSONL probe file; the first bad line raises ProbeFileError."""
+def read_probe_lines(path: str | Path, parse: Callable[[object, str], ProbeItem]
+                     ) -> list[ProbeItem]:
+    """Read and check every line of a JSONL probe file, each decoded line turned into an item by
+    `parse` (the probe types' parse_item); the first bad line raises ProbeFileError."""
     path = Path(path)
     if not path.exists():
         raise FileNotFoundError(f"probe file {path} does not exist")
@@ -204,7 +203,7 @@ def load_probe_file(path: str | Path) -> list[ProbeItem]:
             except RecursionError:  # [[[[...]]]] deeper than Python's stack
                 raise ProbeFileError(f"{where}: JSON nested too deeply to be a probe item"
                                      ) from None
-            item = parse_item(obj, where)
+            item = parse(obj, where)
             if item.id in by_id:  # None is never a key
                 raise ProbeFileError(f"{where}: id {item.id!r} is already the id of "
                                      f"{by_id[item.id].source}; ids must be unique in a file")

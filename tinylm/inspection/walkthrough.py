@@ -20,9 +20,11 @@ from tinylm.attention import (
     AttentionSteps,
     MultiHeadAttention,
     attention_steps,
+    causal_mask,
     unshifted_exps,
-    value_terms,
+    weighted_values,
 )
+from tinylm.hooks import caching, run_with_cache
 from tinylm.tables import MAX_WIDTH, paragraph, side_by_side, table, vector
 
 # The worked example of docs/attention.md: 3 tokens, d = 2, Q = K.
@@ -95,35 +97,76 @@ def example_attention(d_model: int, n_head: int, seed: int, n_tokens: int = 3
     return attn, x
 
 
+def kv_head(head: int, q: torch.Tensor, k: torch.Tensor) -> int:
+    """The key/value head that query head `head` reads, from q (B, nh, T, hs) and k (B, nkv,
+    T, hs): with grouped-query attention each of the nkv is shared by nh / nkv consecutive
+    query heads (nkv = nh: its own)."""
+    return head // (q.size(1) // k.size(1))
+
+
+class HeadSteps(NamedTuple):
+    """One head's attention steps inside a model, and what its forward pass had for that head."""
+
+    steps: AttentionSteps  # recomputed from the hook points' q, k, v
+    v: torch.Tensor  # (T, hs): the values it mixes
+    weights: torch.Tensor  # (T, T): the weights at hook_pattern, to check the steps against
+    kv_head: int  # the key/value head it reads
+    group: int  # the query heads that share each key/value head (1: each has its own)
+
+
 @torch.no_grad()
-def model_head_steps(model, idx: torch.Tensor, layer: int, head: int
-                     ) -> tuple[AttentionSteps, torch.Tensor, torch.Tensor]:
-    """One head's attention steps inside a TinyLM on token ids idx (T,), recomputed from the input
-    of blocks[layer].attn captured in a normal forward pass: (steps, the head's v (T, hs), the
-    weights the model itself returned for that head (T, T)), so callers can check they agree."""
+def model_head_steps(model, idx: torch.Tensor, layer: int, head: int) -> HeadSteps:
+    """One head's attention steps inside a model on token ids idx (T,), recomputed from the q, k,
+    v its forward pass showed at the hook points blocks.{layer}.attn.hook_q/_k/_v (rotated where
+    the model rotates them), with the weights the pass itself had at hook_pattern, so callers
+    can check they agree."""
     attn = model.blocks[layer].attn
-    captured = []
-    hook = attn.register_forward_pre_hook(lambda module, args: captured.append(args[0]))
-    try:
-        out = model(idx[None], return_attention=True)
-    finally:
-        hook.remove()
-    q, k, v = attn.project_heads(captured[0])  # (1, nh, T, hs)
-    steps = attn.steps(q[0, head], k[0, head], v[0, head])  # its own mask and scale
-    return steps, v[0, head], out.attentions[layer][0, head]
+    names = [f"blocks.{layer}.attn.{point}" for point in ("hook_q", "hook_k", "hook_v",
+                                                          "hook_pattern")]
+    # every layer's pattern, though only this one's is read: every layer then takes the explicit
+    # path, as in capture_attention, so this layer's q, k, v carry the digits inspect=true shows
+    _, cache = run_with_cache(model, idx[None], [*names, "hook_pattern"])
+    q, k, v, weights = (cache[name][0] for name in names)  # (nh or nkv, T, hs); (nh, T, T)
+    kv = kv_head(head, q[None], k[None])
+    steps = attn.steps(q[head], k[kv], v[kv])  # its own scale and mask
+    return HeadSteps(steps, v[kv], weights[head], kv, q.size(0) // k.size(0))
 
 
 def _labels(prefix: str, n: int) -> list[str]:
     return [f"{prefix}{i}" for i in range(n)]
 
 
-def mask_and_scale(attn: MultiHeadAttention, head_size: int) -> str:
-    """What a layer does otherwise than plain scaled causal attention (GPT-Neo's layers), said."""
+def shared_kv(kv: int, group: int) -> str:
+    """Which query heads share key/value head `kv` (grouped-query attention: `group` each),
+    said; "" where each head has its own."""
+    if group == 1:
+        return ""
+    return (f" Its K and V are those of key/value head {kv}, which query heads "
+            f"{kv * group}..{(kv + 1) * group - 1} share (grouped-query attention).")
+
+
+def band_width(hidden: torch.Tensor) -> int | None:
+    """w where the visible positions (~hidden, (T, T)) are a band, query i seeing keys i-w+1..i;
+    None for any other mask."""
+    T = hidden.size(0)
+    w = int((~hidden).sum(-1).max())
+    i, j = torch.arange(T)[:, None], torch.arange(T)[None, :]
+    return w if torch.equal(~hidden, (j <= i) & (j > i - w)) else None
+
+
+def mask_and_scale(attn: MultiHeadAttention, head_size: int, positions: int) -> str:
+    """What a layer does otherwise than plain scaled causal attention (GPT-Neo's layers), said;
+    `positions` (the model's block_size): how far its mask is looked at."""
     said = ""
-    window, scale = attn.variant.window, attn.variant.scale
-    if window is not None:
+    causal = causal_mask(positions, positions)
+    hidden = attn.hidden(positions, positions, "cpu")
+    hidden = causal if hidden is None else hidden.cpu() | causal
+    if not torch.equal(hidden, causal):  # some earlier positions are hidden too
+        window = band_width(hidden)
         said += (f" and local: each token sees only the last {window} positions (a banded "
-                 "mask)")
+                 "mask)" if window is not None else
+                 " and masked: some earlier positions are hidden too, besides the later ones")
+    scale = attn.scale
     if scale is not None and scale != 1 / math.sqrt(head_size):
         said += (f"; the scores are multiplied by {scale:g}, not divided by √d (the '/√d' "
                  "column shows them after that)")
@@ -166,7 +209,7 @@ def query_walk(steps: AttentionSteps, i: int, v: torch.Tensor, q_label: str,
         shown = sorted(sorted(visible, key=lambda j: -float(steps.weights[i, j]))[:top])
     d_v = v.size(1)
     spell_out = d_v <= 4 and len(shown) <= 6  # weight·value per key still fits on a line
-    terms = value_terms(steps.weights, v)[i]  # (T_k, d_v): weight_j · v_j
+    terms = weighted_values(steps.weights, v)[i]  # (T_k, d_v): weight_j · v_j
     cols = ["q·k", "/√d", "-max", "exp", "weight"]
     rows = []
     for j in shown:
@@ -396,13 +439,24 @@ def explain_given_multi_head(n_head: int, x: torch.Tensor | None = None,
         table("Concatenated heads [O_0 | O_1 ...]", walk.concat, rows, head_cols, dg),
         table("Output Y = concat · W_oᵀ (out_proj)", walk.output, rows, d_cols, dg),
     ])
-    with torch.no_grad():
-        y, weights = attn(x[None], need_weights=True)
+    with torch.no_grad(), caching(attn, ["hook_pattern"]) as cache:
+        y = attn(x[None])
+    weights = cache["hook_pattern"]  # (1, nh, T, T)
     diff_y = float((y[0] - walk.output).abs().max())
     diff_w = float((weights[0] - walk.steps.weights).abs().max())
     lines += ["", f"Check: MultiHeadAttention.forward(x) gives the same output (max difference "
               f"{diff_y:.1e}) and weights (max difference {diff_w:.1e})."]
     return Explanation("\n".join(lines), f"multi-head attention, {n_head} heads", panels)
+
+
+def _projections(attn) -> str:
+    """Where a layer's Q, K and V come from, said (they are read at its hook points)."""
+    if hasattr(attn, "qkv_proj"):
+        return ("Q, K, V are this head's slice of blocks[layer].attn.qkv_proj applied to the "
+                "layer's normed input")
+    return ("Q, K, V are this head's rows of blocks[layer].attn's q, k and v projections of the "
+            "layer's normed input, as the model's hook points hook_q, hook_k, hook_v hold them "
+            "(rotated by position, where the model rotates them)")
 
 
 def explain_model_head(model, tokenizer, text: str, layer: int = 0, head: int = 0,
@@ -429,15 +483,15 @@ def explain_model_head(model, tokenizer, text: str, layer: int = 0, head: int = 
 
     model.eval()
     device = next(model.parameters()).device
-    steps, v, model_weights = model_head_steps(model, torch.tensor(ids, device=device),
-                                               layer, head)
-    steps = AttentionSteps(*(t.float().cpu() for t in steps))
-    diff = float((model_weights.float().cpu() - steps.weights).abs().max())
+    found = model_head_steps(model, torch.tensor(ids, device=device), layer, head)
+    steps = AttentionSteps(*(t.float().cpu() for t in found.steps))
+    v, hs = found.v, found.v.size(-1)
+    diff = float((found.weights.float().cpu() - steps.weights).abs().max())
     lines = paragraph(
         f"Layer {layer}, head {head} of {source} on {text!r} ({len(ids)} tokens; "
-        f"head size {c.n_embd // c.n_head}). Q, K, V are this head's slice of "
-        "blocks[layer].attn.qkv_proj applied to the layer's normed input; attention is causal"
-        + mask_and_scale(model.blocks[layer].attn, c.n_embd // c.n_head) + ".")
+        f"head size {hs}). {_projections(model.blocks[layer].attn)}; attention is causal"
+        + mask_and_scale(model.blocks[layer].attn, hs, c.block_size) + "."
+        + shared_kv(found.kv_head, found.group))
     lines += paragraph(f"The query is token {labels[i]}." + (f" {note}" if note else "")) + [""]
     lines += weights_overview(steps.weights, tokens, digits, min(top, 4)) + [""]
     lines += query_walk(steps, i, v.float().cpu(), labels[i], labels, digits, top=top)

@@ -1,0 +1,106 @@
+"""Hook points: the one way into a model's activations, to read them or to replace them.
+
+A HookPoint is a module that returns its input unchanged; the model passes each activation worth
+looking at through one, so that every one has a name (its module path). A PyTorch forward hook on
+it sees the activation, and what the hook returns replaces it for the rest of the forward pass:
+
+    blocks.{i}.hook_resid_pre      (B, T, C)        the residual stream into block i
+    blocks.{i}.attn.hook_q         (B, nh, T, hs)   queries, per head
+    blocks.{i}.attn.hook_k/_v      (B, nkv, T_k, hs) keys and values, per key/value head
+    blocks.{i}.attn.hook_pattern   (B, nh, T, T_k)  attention weights, rows sum to 1
+    blocks.{i}.attn.hook_z         (B, nh, T, hs)   each head's output, before the out projection
+    blocks.{i}.hook_resid_post     (B, T, C)        the residual stream out of block i
+
+    with hooks(model, {"blocks.1.attn.hook_z": zero_head_2}):   # replace
+        logits = model(idx).logits
+    out, cache = run_with_cache(model, idx, ["hook_pattern"])    # read
+    cache["blocks.0.attn.hook_pattern"]                          # (B, nh, T, T)
+
+A name may be given whole or by its last part ("hook_pattern": in every layer). Attention takes
+its explicit path, the one that has weights, only while a hook is on hook_pattern.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from contextlib import contextmanager
+
+import torch
+from torch import nn
+
+# fn(activation) -> None to read it, or a tensor of its shape to replace it
+Hook = Callable[[torch.Tensor], torch.Tensor | None]
+
+
+class HookPoint(nn.Module):
+    """A named place in the forward pass: identity, unless a hook reads or replaces its value."""
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        # without a hook, skip nn.Module's call machinery: a decoding step passes ~7 per layer
+        return super().__call__(x) if self._forward_hooks else x
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x
+
+    @property
+    def hooked(self) -> bool:
+        return bool(self._forward_hooks)
+
+
+def hook_points(model: nn.Module) -> dict[str, HookPoint]:
+    """Every hook point of `model` by its name, in forward order."""
+    return {name: m for name, m in model.named_modules() if isinstance(m, HookPoint)}
+
+
+def resolve(model: nn.Module, names: Iterable[str]) -> list[str]:
+    """The full names that `names` mean: each a full name, or a last part matching every layer's;
+    a name that matches none is refused with the names there are."""
+    points = hook_points(model)
+    found = []
+    for name in names:
+        matches = [p for p in points if p == name or p.endswith(f".{name}")]
+        if not matches:
+            kinds = sorted({p.rsplit(".", 1)[-1] for p in points})
+            raise KeyError(f"no hook point {name!r}; there are {', '.join(kinds)} in each layer, "
+                           "or a full name like blocks.0.attn.hook_pattern")
+        found += [m for m in matches if m not in found]
+    return found
+
+
+@contextmanager
+def hooks(model: nn.Module, fns: Mapping[str, Hook]) -> Iterator[None]:
+    """Inside: each fn runs on its hook point's activation (see the module docstring)."""
+    points = hook_points(model)
+    handles = []
+    try:
+        for name, fn in fns.items():
+            for full in resolve(model, [name]):
+                handles.append(points[full].register_forward_hook(
+                    lambda _module, _args, out, fn=fn: fn(out)))
+        yield
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
+@contextmanager
+def caching(model: nn.Module, names: Iterable[str], detach: bool = True
+            ) -> Iterator[dict[str, torch.Tensor]]:
+    """Inside: a dict filling with the named activations as a forward pass reaches them (a
+    second pass overwrites them). detach=False keeps them in the autograd graph."""
+    cache: dict[str, torch.Tensor] = {}
+
+    def keep(name: str) -> Hook:
+        def fn(x: torch.Tensor) -> None:
+            cache[name] = x.detach() if detach else x
+        return fn
+    with hooks(model, {name: keep(name) for name in resolve(model, names)}):
+        yield cache
+
+
+def run_with_cache(model: nn.Module, idx: torch.Tensor, names: Iterable[str], **kwargs
+                   ) -> tuple[object, dict[str, torch.Tensor]]:
+    """model(idx, **kwargs) and the named activations it passed through."""
+    with caching(model, names) as cache:
+        out = model(idx, **kwargs)
+    return out, cache
