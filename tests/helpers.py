@@ -1,8 +1,9 @@
 """Plain functions the test files share: the real conf/ composed, a saved run, a command-line run,
-a tensorboard server, random attention weights, attention's weights read at its hook point. The
-fixtures built from them live in conftest.py."""
+a tensorboard server, random attention weights, attention's weights read at its hook point, a
+Llama-family folder as transformers saves it. The fixtures built from them live in conftest.py."""
 
 import contextlib
+import json
 import os
 import socket
 import subprocess
@@ -14,10 +15,13 @@ import torch
 from hydra import compose as hydra_compose
 from hydra import initialize_config_dir
 from omegaconf import DictConfig, OmegaConf
+from tokenizers import Tokenizer as HFTokenizer
+from tokenizers import decoders, models, pre_tokenizers, processors, trainers
 
 import tinylm.config
 from tinylm.checkpoint import save_checkpoint
 from tinylm.cli import config_dir, register, run_schemas
+from tinylm.files import project_root
 from tinylm.hooks import caching
 from tinylm.train.run_config import RunConfig
 
@@ -154,4 +158,85 @@ def torch_save_failing_at(n: int, error: OSError):
         return save(obj, f, *args, **kwargs)
 
     return failing_save
+
+
+
+# ---- Llama-family folders (tinylm/pretrained/llama.py), as transformers saves them ---------------
+
+LLAMA_VOCAB = 1024  # the probe texts' names whole: 98 of the 108 agreement items pair up
+BOS, EOS = "<s>", "</s>"
+# name -> (model_type, the transformers config's values); all 2 layers, hidden 32-64
+LLAMA_CASES = {
+    # grouped-query heads (2 queries per key/value head), a slower rotation, its own LM head,
+    # Llama 3's rotary scaling
+    "llama-gqa-llama3": ("llama", dict(
+        hidden_size=64, num_attention_heads=4, num_key_value_heads=2, intermediate_size=96,
+        rope_theta=5000.0, tie_word_embeddings=False,
+        rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                      "high_freq_factor": 4.0, "original_max_position_embeddings": 16})),
+    # one key/value head for all 4 query heads, linear rotary scaling, tied head, biases in
+    # q, k, v and o_proj and in the MLP
+    "llama-mqa-linear": ("llama", dict(
+        hidden_size=32, num_attention_heads=4, num_key_value_heads=1, intermediate_size=80,
+        tie_word_embeddings=True, rope_scaling={"rope_type": "linear", "factor": 2.0},
+        attention_bias=True, mlp_bias=True)),
+    # q/k/v biases, tied head, Qwen's rope_theta
+    "qwen2": ("qwen2", dict(
+        hidden_size=64, num_attention_heads=4, num_key_value_heads=2, intermediate_size=128,
+        rope_theta=1e6, tie_word_embeddings=True)),
+    "mistral": ("mistral", dict(
+        hidden_size=32, num_attention_heads=2, num_key_value_heads=1, intermediate_size=64,
+        sliding_window=None)),
+}
+
+
+def llama_texts() -> list[str]:
+    """What the Llama-family tokenizers learn from: the shipped probe texts and their
+    counterfactuals (weighted, so that their names are whole tokens and a pair's two names
+    mostly as many), and the start of the shipped TinyStories sample."""
+    probes = [json.loads(line) for name in ("pronouns", "agreement")
+              for line in (project_root() / "data" / "probes" / f"{name}.jsonl").read_text()
+              .splitlines()]
+    texts = [t for item in probes for t in (item["text"], item.get("counterfactual")) if t]
+    stories = (project_root() / "data" / "corpora" / "tinystories" / "train-head.txt"
+               ).read_text(encoding="utf-8")[:50_000]
+    return texts * 5 + stories.splitlines()
+
+
+def make_llama_tokenizer(bos: bool, eos: str) -> HFTokenizer:
+    """A byte-level BPE of LLAMA_VOCAB tokens with <unk>, <s> and `eos`; with `bos`, a
+    post-processor that starts every text with <s>, as Llama's tokenizer.json does."""
+    hf = HFTokenizer(models.BPE())
+    hf.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    hf.decoder = decoders.ByteLevel()
+    hf.train_from_iterator(llama_texts(), trainers.BpeTrainer(
+        vocab_size=LLAMA_VOCAB, special_tokens=["<unk>", BOS, eos], show_progress=False,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    if bos:
+        hf.post_processor = processors.TemplateProcessing(
+            single=f"{BOS} $A", special_tokens=[(BOS, hf.token_to_id(BOS))])
+    return hf
+
+
+def save_llama_folder(folder, case: str, seed: int = 0):
+    """The transformers model of LLAMA_CASES[case] with random weights, saved into `folder`
+    with its tokenizer.json as a download is (Qwen2's tokenizer adds no BOS and ends texts
+    with <|endoftext|>, as Qwen's does); returns it in eval mode."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    model_type, values = LLAMA_CASES[case]
+    torch.manual_seed(seed)
+    eos = "<|endoftext|>" if model_type == "qwen2" else EOS
+    tokenizer = make_llama_tokenizer(bos=model_type != "qwen2", eos=eos)
+    config = AutoConfig.for_model(
+        model_type, vocab_size=tokenizer.get_vocab_size(), num_hidden_layers=2,
+        max_position_embeddings=64, eos_token_id=tokenizer.token_to_id(eos),
+        bos_token_id=tokenizer.token_to_id(BOS), attn_implementation="eager", **values)
+    model = AutoModelForCausalLM.from_config(config).eval()
+    with torch.no_grad():  # biases and norms too (transformers starts them at 0 and 1), so that
+        for p in model.parameters():  # a weight read into the wrong place shows
+            p.normal_(0.0, 0.2)
+    model.save_pretrained(folder)
+    tokenizer.save(str(folder / "tokenizer.json"))
+    return model
 

@@ -15,12 +15,12 @@ from safetensors import SafetensorError
 import tinylm.checkpoint
 from tinylm.checkpoint import (
     WEIGHTS_FILE,
-    CheckpointNotWritten,
     NonFiniteWeights,
     load_checkpoint,
     resolve_checkpoint_dir,
     run_dir_lock,
     save_checkpoint,
+    tagged_checkpoint,
 )
 from tinylm.config import ConfigError
 from tinylm.files import NotWritten
@@ -181,6 +181,59 @@ save_checkpoint({str(tmp_path)!r}, model, tok, {{}}, step=2)
     assert not [p for p in (tmp_path / "checkpoints").iterdir() if p.name.startswith(".")]
 
 
+# saves a checkpoint of the tiny model at every step, as fast as it can, until told to stop
+SAVING_EVERY_STEP = f"""
+import sys
+from pathlib import Path
+from tinylm.checkpoint import save_checkpoint
+from tinylm.model import ModelConfig, TinyLM
+from tinylm.tokenizer import CharTokenizer
+run = Path(sys.argv[1])
+tok = CharTokenizer.train([{TEXT!r}])
+model = TinyLM(ModelConfig(vocab_size=tok.vocab_size, block_size=16, n_layer=1, n_head=2, n_embd=8))
+step = 1
+while not (run / "stop").exists():
+    save_checkpoint(run, model, tok, {{}}, step=step)
+    step += 1
+print(step - 1)
+"""
+
+
+def test_a_reader_of_a_run_saving_every_step_gets_the_newest_complete_checkpoint(tiny, tmp_path):
+    """Another process saves a checkpoint at every step, each superseding and removing the one
+    before, while checkpoints are loaded with prefer=last: every load succeeds, none goes back."""
+    model, tokenizer = tiny()
+    save_checkpoint(tmp_path, model, tokenizer, {}, step=0, tags=("last", "best"))
+    writer = subprocess.Popen([sys.executable, "-c", SAVING_EVERY_STEP, str(tmp_path)],
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        while tagged_checkpoint(tmp_path / "checkpoints", "last").name == "step-0000000":
+            assert writer.poll() is None
+        steps = [int(load_checkpoint(tmp_path, prefer="last").directory.name[5:])
+                 for _ in range(30)]
+    finally:
+        (tmp_path / "stop").touch()
+        saved = int(writer.communicate(timeout=60)[0])
+    # they raced: the loads met several steps (without the step lock, one in six failed here)
+    assert steps == sorted(steps) and steps[0] > 0 and len(set(steps)) > 1
+    # a step kept while it was read goes at the next save
+    save_checkpoint(tmp_path, model, tokenizer, {}, step=saved + 1)
+    assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == [
+        "best", "last", "step-0000000", f"step-{saved + 1:07d}"]
+
+
+@pytest.mark.skipif(tinylm.checkpoint.fcntl is None, reason="no flock (Windows)")
+def test_a_superseded_step_being_read_is_removed_by_the_next_save_after_the_read(tiny, tmp_path):
+    model, tokenizer = tiny()
+    first = save_checkpoint(tmp_path, model, tokenizer, {}, step=1)
+    with tinylm.checkpoint._step_lock(first, shared=True) as held:  # as load_checkpoint reads
+        assert held
+        save_checkpoint(tmp_path, model, tokenizer, {}, step=2)
+        assert (first / WEIGHTS_FILE).is_file()
+    save_checkpoint(tmp_path, model, tokenizer, {}, step=3)
+    assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["last", "step-0000003"]
+
+
 def test_missing_path_names_it(tmp_path):
     with pytest.raises(FileNotFoundError, match="does not exist"):
         load_checkpoint(tmp_path / "nope")
@@ -226,12 +279,6 @@ def test_weights_are_never_unpickled(tiny, tmp_path):
     assert (directory / WEIGHTS_FILE).read_bytes()[8:9] == b"{"  # safetensors' JSON header
 
 
-def test_unknown_tag_is_refused(tiny, tmp_path):
-    model, tokenizer = tiny()
-    with pytest.raises(ValueError, match="tag 'latest' is not allowed; allowed: last, best"):
-        save_checkpoint(tmp_path, model, tokenizer, {}, step=2, tags=("latest",))
-
-
 # ------------------------------------------------------------------- a full disk, for real
 
 
@@ -256,14 +303,14 @@ def test_a_full_disk_is_one_line_whichever_file_meets_it_and_the_last_checkpoint
     disk = small_disk(256)
     first = save_checkpoint(disk, model, tokenizer, {}, step=1, tags=("last", "best"))
     fill_disk(disk, leave=pages(first, *room_for))
-    with pytest.raises(CheckpointNotWritten) as caught:
+    with pytest.raises(NotWritten) as caught:
         save_checkpoint(disk, model, tokenizer, {}, step=2, trainer_state=STATE,
                         tags=("last", "best"))
     checkpoints, said = disk / "checkpoints", str(caught.value)
     assert said.startswith(f"{checkpoints / 'step-0000002' / fails} could not be written: ")
     assert said.endswith(f"(0.0 MiB free on {disk})")
     assert "No space left on device" in said and "\n" not in said
-    assert isinstance(caught.value.__cause__.__cause__, raised)  # what the writer raised
+    assert isinstance(caught.value.__cause__, raised)  # what the writer raised
     assert sorted(p.name for p in checkpoints.iterdir()) == ["best", "last", "step-0000001"]
     for tag in ("last", "best"):
         assert (checkpoints / tag).read_text(encoding="utf-8") == f"{first.name}\n"
@@ -276,7 +323,7 @@ def test_a_full_disk_at_the_tag_switch_leaves_the_tags_as_they_were(tiny, small_
     first = save_checkpoint(disk, model, tokenizer, {}, step=1)
     checkpoints = disk / "checkpoints"
     fill_disk(disk, leave=pages(first, *(p.name for p in first.iterdir())))  # no room for a tag
-    with pytest.raises(CheckpointNotWritten) as caught:
+    with pytest.raises(NotWritten) as caught:
         save_checkpoint(disk, model, tokenizer, {}, step=2)
     assert str(caught.value).startswith(f"{checkpoints / 'last'} could not be written: No space "
                                         "left on device (")

@@ -84,7 +84,6 @@ TEMPERATURE = "must be 0 (greedy) or a finite number >= 0.001"
 
 @pytest.mark.parametrize("config_name, override, rule", [
     ("config", "model.bias=maybe", BOOL),
-    ("config", "model.bias=no", BOOL),
     ("config", "train.compile=maybe", BOOL),
     ("generate", "use_cache=maybe", BOOL),
     ("config", "model.dropout=abc", FLOAT),
@@ -106,6 +105,19 @@ def test_wrong_types_and_ranges_are_refused_in_one_line(config_name, override, r
         f"{override} is not allowed: {rule}"
 
 
+@pytest.mark.parametrize("config_name, override, said", [
+    ("config", "model.bias=no", "model.bias='no'"),
+    ("config", "train.compile=off", "train.compile='off'"),
+    ("generate", "use_cache=1", "use_cache=1"),
+    ("explain", "causal=yes", "causal='yes'"),
+])
+def test_a_bool_that_omegaconf_would_read_is_held_to_the_flag_rule(config_name, override, said,
+                                                                   monkeypatch, tmp_path):
+    # OmegaConf reads no, off, yes and 1 as bools: a word must never flip a setting unseen
+    assert refused(config_name, override, monkeypatch, tmp_path) == \
+        f"{said} is not allowed: must be true or false"
+
+
 @pytest.mark.parametrize("override, said", [
     ("ablate=yes", "ablate='yes' is not allowed; allowed: false, true, zero, mean"),
     ("patch=1", "patch=1 is not allowed: must be true or false or a string"),  # not the flag
@@ -122,7 +134,7 @@ def test_a_flag_that_also_takes_words_names_every_value(override, said, monkeypa
     (["model.n_layer=1,0,2", "train.max_steps=1"],
      "model.n_layer=0 is not allowed: must be an integer >= 1 (job 1 of the sweep's 3)"),
     (["train.seed=1,2", "train.compile=false,no"],
-     "train.compile=no is not allowed: must be true or false (job 1 of the sweep's 4)"),
+     "train.compile='no' is not allowed: must be true or false (job 1 of the sweep's 4)"),
     (["train.seed=1,2", "data=tinystories,nope"], "data=tinystories,nope: there is no "
      "data/nope.yaml; allowed data options: text, tinyshakespeare, tinystories, tinystories_hub "
      "(job 1 of the sweep's 4)"),
@@ -136,13 +148,63 @@ def test_a_bad_value_in_any_job_of_a_sweep_refuses_the_sweep_before_a_job_runs(s
     assert not any(tmp_path.iterdir())  # nor Hydra's record of a sweep that ran nothing
 
 
-def test_a_good_sweep_passes_the_check_of_its_jobs(monkeypatch):
-    monkeypatch.setattr(sys, "argv", ["tinylm-train", "--multirun", "model.n_layer=1,2",
-                                      "optim.lr=range(1,3)", "hydra.sweep.dir=sweep"])
-    tinylm.cli.train.refuse_a_bad_sweep_job()  # returns: every job's values are allowed
-    assert tinylm.cli.train.sweep_jobs(sys.argv[2:]) == [
-        [f"model.n_layer={n}", f"optim.lr={lr}", "hydra.sweep.dir=sweep"]
-        for n in (1, 2) for lr in (1, 2)]
+def test_a_sweep_is_checked_from_hydras_own_list_of_jobs_before_its_first_job(
+        monkeypatch, tmp_path):
+    monkeypatch.chdir(tmp_path)
+    checked, check = [], tinylm.cli.train.check_sweep
+
+    def check_then_stop(jobs, compose):
+        check(jobs, compose)  # returns: every job's values are allowed
+        checked.extend(jobs)
+        raise ValueError("stopped before the first job")
+
+    monkeypatch.setattr(tinylm.cli.train, "check_sweep", check_then_stop)
+    said = refusal(tinylm.cli.train.main, "--multirun", "model.n_layer=1,2",
+                   "optim.lr=range(1,3)", "hydra.sweep.dir=sweep", monkeypatch=monkeypatch)
+    assert said == "tinylm-train: error: stopped before the first job"
+    # Hydra's basic sweeper's jobs, in its order; its own settings are not a job's
+    assert checked == [[f"model.n_layer={n}", f"optim.lr={lr}"] for n in (1, 2) for lr in (1, 2)]
+    assert not any(tmp_path.iterdir())
+
+
+def test_no_hand_made_sweep_and_no_rewritten_command_line_in_the_commands():
+    for path in (PACKAGE_DIR / "cli").glob("*.py"):
+        text = path.read_text(encoding="utf-8")
+        assert "itertools.product" not in text and "sys.argv[1:] =" not in text, path.name
+
+
+@pytest.mark.parametrize("config_name, argv, said", [
+    # a value of several words, unquoted: the shell hands Hydra "upon" alone
+    ("generate", ["prompt=Once", "upon", "a", "time", "max_new_tokens=5"],
+     "prompt=Once upon a time: options are key=value, one word each; quote a value with "
+     "spaces: 'prompt=\"Once upon a time\"'"),
+    ("generate", ["--checkpoint", "runs/my run"],
+     "--checkpoint runs/my run: options are key=value: 'checkpoint=runs/my run'"),
+    ("probe", ["--checkpoint=runs/x"], "--checkpoint=runs/x: options are key=value: "
+                                       "checkpoint=runs/x"),
+    ("config", ["--train.max_steps", "5"], "--train.max_steps 5: options are key=value: "
+                                           "train.max_steps=5"),
+    ("config", ["--experiment"], "--experiment: options are key=value: experiment=<value>"),
+    ("config", ["hello"], "hello: options are key=value; --help lists them"),
+])
+def test_a_new_users_command_line_is_answered_with_the_key_value_form(
+        config_name, argv, said, monkeypatch, tmp_path):
+    monkeypatch.chdir(tmp_path)
+    prog = PROGS.get(config_name, f"tinylm-{config_name}")
+    assert refusal(MAINS[config_name], *argv, monkeypatch=monkeypatch) == \
+        f"{prog}: error: {said}"
+    assert not any(tmp_path.iterdir())
+
+
+def test_the_key_value_form_offered_pastes_back_as_the_value(monkeypatch, tmp_path):
+    monkeypatch.chdir(tmp_path)
+    said = refusal(tinylm.cli.generate.main, "prompt=Once", "upon", "a", "time,", "Lily",
+                   monkeypatch=monkeypatch)
+    (pasted,) = shlex.split(said.rpartition(": ")[2])
+    assert compose("generate", [pasted]).prompt == "Once upon a time, Lily"
+    # Hydra's own flags and a flag's value are Hydra's to read
+    monkeypatch.setattr(sys, "argv", ["tinylm-generate", "--cfg", "job", "--package", "_global_"])
+    tinylm.cli.refuse_what_hydra_cannot_read(GenerateConfig, ())
 
 
 @pytest.mark.parametrize("config_name, argv", [
@@ -204,6 +266,15 @@ def test_the_model_imports_no_hydra_tensorboard_matplotlib_or_bench():
                      "'omegaconf', 'tensorboard', 'matplotlib', 'transformers'} | "
                      "{m for m in sys.modules if m.startswith(('tinylm.bench', 'tinylm.cli'))}))")
     assert loaded == "[]"
+
+
+@pytest.mark.slow
+def test_importing_the_commands_elsewhere_leaves_the_signals_alone():
+    # a command's console script installs its start-up handler (test_train_faults); a test, a
+    # notebook or a library importing tinylm.cli keeps Python's Ctrl-C
+    assert _python("import signal, tinylm.cli.train; print(signal.getsignal(signal.SIGINT) is "
+                   "signal.default_int_handler, signal.getsignal(signal.SIGTERM) is "
+                   "signal.SIG_DFL)") == "True True"
 
 
 def test_no_private_hydra_module_is_read():

@@ -3,6 +3,7 @@
 import hashlib
 import shutil
 import socket
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -23,7 +24,7 @@ from tinylm.corpus import (
 from tinylm.data import DataConfig, prepare_data
 from tinylm.tokenizer import TokenizerConfig
 
-CORPORA = {"tinystories/train-head.txt": 197_290, "tinystories/validation-head.txt": 794_375,
+CORPORA = {"tinystories/train-head.txt": 200_111, "tinystories/validation-head.txt": 806_113,
            "tinyshakespeare/input.txt": 1_115_394}
 
 
@@ -67,7 +68,7 @@ def test_a_damaged_embedded_file_is_refused_in_one_line_saying_how_to_restore_it
     message = str(err.value)
     assert "\n" not in message and str(path) in message and "git checkout data/" in message
     if damage == "altered":
-        assert f"SHA-256 is {expected}, SHA256SUMS says 5fc1fb0113df" in message
+        assert f"SHA-256 is {expected}, SHA256SUMS says 62a0e0c1eb1f" in message
     else:
         assert "is missing" in message
     assert not (tmp_path / "data").exists()
@@ -122,6 +123,51 @@ def test_rows_are_those_of_the_datasets_text_loader_whatever_the_chunk_size(
     for chunk in (7, 64, 1 << 20):  # chunk borders inside lines, paragraphs and characters
         monkeypatch.setattr(tinylm.corpus, "READ_CHUNK", chunk)
         assert list(read_rows(path, sample_by)) == expected["text"], chunk
+
+
+MARKED = ("\n<|endoftext|>\nOne story.\r\n\r\nIts second paragraph.\n <|endoftext|> \n"
+          "<|endoftext|>\nAnother, Café 😀, with <|endoftext|> inside a line.\n\n\n"
+          "<|endoftext|>\nThe last one, no newline at the end") * 30
+
+
+@pytest.mark.parametrize("chunk", [7, 64, 1 << 20])  # borders inside lines and characters
+def test_lines_of_endoftext_cut_a_file_into_documents_whatever_the_chunk_size(
+        tmp_path, monkeypatch, chunk):
+    path = tmp_path / "marked.txt"
+    path.write_bytes(MARKED.encode())
+    monkeypatch.setattr(tinylm.corpus, "READ_CHUNK", chunk)
+    docs = list(read_rows(path, "document"))
+    # the texts between the marks, without the line breaks around them; none empty
+    assert docs == ["One story.\n\nIts second paragraph.",
+                    "Another, Café 😀, with <|endoftext|> inside a line.",
+                    "The last one, no newline at the end"] * 30
+
+
+def test_the_shipped_sample_reads_as_its_stories():
+    stories = {name: list(read_rows(embedded_dir() / "tinystories" / name, "document"))
+               for name in ("train-head.txt", "validation-head.txt")}
+    assert [len(s) for s in stories.values()] == [218, 904]
+    first, second = stories["train-head.txt"][:2]
+    assert first.startswith("One day, a little girl named Lily found a needle")
+    assert first.endswith("They both felt happy because they had shared and worked together.")
+    assert first.count("\n\n") == 2  # its three paragraphs
+    assert second.startswith("Once upon a time, there was a little car named Beep.")
+    assert stories["validation-head.txt"][0].startswith("Spot. Spot saw the shiny car")
+    assert not any("<|endoftext|>" in s for ss in stories.values() for s in ss)
+
+
+def test_the_shipped_marks_are_what_the_script_recovers():
+    """scripts/mark_story_boundaries.py, run again on the marked files, changes nothing: the
+    shipped files are its output, SHA256SUMS included."""
+    script = Path(__file__).resolve().parent.parent / "scripts" / "mark_story_boundaries.py"
+    done = subprocess.run([sys.executable, str(script), "--check"], capture_output=True,
+                          text=True, check=True)
+    sums = dict(line.split()[::-1] for line in
+                (embedded_dir() / CHECKSUMS).read_text(encoding="utf-8").splitlines())
+    for name, stories in (("train-head.txt", 218), ("validation-head.txt", 904)):
+        line = next(x for x in done.stdout.splitlines() if x.startswith(name))
+        assert f" {stories:,} stories " in line
+        assert line.endswith(f"sha256 {sums[f'tinystories/{name}']}")
 
 
 # ----------------------------------------------------------------------------------- the hub

@@ -10,6 +10,7 @@ import pytest
 import torch
 from helpers import compose, to_dataclass
 
+import tinylm.data
 from tinylm.data import (
     BatchSampler,
     DataConfig,
@@ -38,8 +39,9 @@ def write_corpus(root, n=60, name="stories.txt"):
 
 
 def configs(tmp_path, tokenizer="bpe", **data):
+    """A corpus of your own text, read by paragraph as data=text reads it."""
     data = {"name": "toy", "files": ["stories.txt"], "data_root": str(tmp_path / "corpus"),
-            "cache_dir": str(tmp_path / "data"), **data}
+            "cache_dir": str(tmp_path / "data"), "sample_by": "paragraph", **data}
     vocab_size = 300 if tokenizer == "bpe" else None
     return DataConfig(**data), TokenizerConfig(name=tokenizer, vocab_size=vocab_size)
 
@@ -187,6 +189,38 @@ def test_document_split_is_deterministic_and_separates_documents_with_endoftext(
     assert len(seeds) > 1  # the seed picks which documents are held out
 
 
+def test_stories_ended_by_endoftext_lines_are_rows_joined_by_endoftext(tmp_path):
+    """The raw TinyStories format, as the shipped sample now has it: a line holding only
+    <|endoftext|> ends a story of several paragraphs; each story is one row, whole in one split,
+    and train.bin holds the end-of-text id between two stories, not the text of the mark."""
+    stories = [f"{paragraph(i)}\n\n{paragraph(i + 1)}" for i in range(0, 40, 2)]
+    root = tmp_path / "corpus"
+    root.mkdir()
+    (root / "stories.txt").write_text(f"\n{EOT}\n".join(stories) + f"\n{EOT}\n",
+                                      encoding="utf-8")
+    prepared, out = prepare(*configs(tmp_path, sample_by="document", val_fraction=0.12))
+    meta, eot = prepared.meta, prepared.tokenizer.eot_id
+    assert (meta["train_rows"], meta["val_rows"]) == (18, 2)
+    assert "Split (tail): last 2 of 20 documents held out" in out
+    train, val = read_ids(prepared, "train"), read_ids(prepared, "val")
+    assert (train == eot).sum() == 17
+    assert prepared.tokenizer.decode(train) == EOT.join(stories[:18])
+    assert prepared.tokenizer.decode(val) == EOT.join(stories[18:])
+
+
+def test_a_cache_written_in_an_older_format_is_rebuilt(tmp_path, monkeypatch):
+    """Same inputs and settings, but written by a tinylm that cut them otherwise (format 1 read
+    the TinyStories sample by paragraph): the fingerprint holds the format, so it is rebuilt."""
+    write_corpus(tmp_path / "corpus")
+    assert tinylm.data.FORMAT_VERSION >= 2
+    monkeypatch.setattr(tinylm.data, "FORMAT_VERSION", 1)
+    old, _ = prepare(*configs(tmp_path))
+    monkeypatch.undo()
+    new, out = prepare(*configs(tmp_path))
+    assert not new.from_cache and "Rebuilding" in out and "inputs or settings changed" in out
+    assert new.meta["format"] == tinylm.data.FORMAT_VERSION != old.meta["format"]
+
+
 @pytest.fixture
 def fake_hub(monkeypatch):
     """A stand-in for roneneldan/TinyStories: load_dataset streams a few thousand stories per
@@ -293,7 +327,7 @@ def test_prepare_makes_no_network_calls(tmp_path, monkeypatch):
 @pytest.mark.parametrize("corpus, tokenizer, counts, rows", [
     # nanoGPT's shakespeare_char: the same split and ids (65 characters, then <|endoftext|>)
     ("tinyshakespeare", "char", (1_003_854, 111_540), (1, 1)),
-    ("tinystories", "bpe", (223_331, 24_851), (5_019, 511)),
+    ("tinystories", "bpe", (221_521, 24_615), (1_007, 115)),  # stories: 218 + 904 in the files
 ])
 def test_embedded_corpora_prepare_to_the_pinned_splits(tmp_path, monkeypatch, corpus, tokenizer,
                                                       counts, rows):
@@ -303,8 +337,7 @@ def test_embedded_corpora_prepare_to_the_pinned_splits(tmp_path, monkeypatch, co
     shakespeare = corpus == "tinyshakespeare"
     data_cfg = DataConfig(name=corpus, cache_dir=str(tmp_path / "data"),
                           files=["tinyshakespeare/input.txt"] if shakespeare
-                          else DataConfig().files,
-                          sample_by="document" if shakespeare else "paragraph")
+                          else DataConfig().files)  # both read by document, the default
     tok_cfg = TokenizerConfig(name=tokenizer, vocab_size=None if shakespeare else 4096)
     prepared, out = prepare(data_cfg, tok_cfg)
     meta = prepared.meta

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import os
 import re
 import shlex
 import subprocess
@@ -21,6 +22,7 @@ from tinylm.cli.explain import ExplainConfig, explain
 from tinylm.hooks import hooks
 from tinylm.inspection.walkthrough import (
     example_attention,
+    explain_given_qkv,
     explain_model_head,
     mask_and_scale,
     model_head_steps,
@@ -119,6 +121,46 @@ def test_multi_head_mode_prints_each_head_and_checks_itself():
     attn, _ = example_attention(4, 2, seed=0)
     walk = multi_head_walk(attn, torch.tensor([[1.0, 0, 0, 1], [0, 1, 1, 0], [1, 1, 0, 0]]))
     assert torch.all(walk.steps.weights.triu(diagonal=1) == 0)
+
+
+def test_multi_head_mode_prints_w_o_so_that_the_last_step_can_be_redone_by_hand():
+    """Y = concat · W_oᵀ from the printed tables alone: W_o is printed (out_proj.weight, its
+    rows the output's columns d0.., its columns the concatenated heads' h0.0..)."""
+    text = explain(ExplainConfig(n_head=2))
+    assert text.index("W_o (out_proj.weight)") < text.index("Output Y = concat · W_oᵀ")
+    lines = text.splitlines()
+    start = next(n for n, line in enumerate(lines) if "W_o (out_proj.weight)" in line) + 2
+    cells = [line.split() for line in lines[start:start + 4]]  # t0 ... d0 ..., ..., d3 ...
+    concat = torch.tensor([floats(row[1:5]) for row in cells[:3]])
+    w_o = torch.tensor([floats(row[-4:]) for row in cells])
+    assert [row[-5] for row in cells] == ["d0", "d1", "d2", "d3"]
+    y = torch.tensor([floats(r[1:]) for r in table(text, "Output Y = concat")])
+    attn, _ = example_attention(4, 2, seed=0)
+    assert torch.equal(w_o, attn.out_proj.weight.detach())  # rounded to 2 decimals: exact
+    torch.testing.assert_close(concat @ w_o.T, y, atol=2e-4, rtol=0)
+
+
+def test_rows_are_numbered_from_0_and_the_walkthrough_says_which_is_the_explainers_first():
+    """q0 is the explainer's "query 1"; query= counts from 0, as before, and the output says
+    so (as query's help does)."""
+    text = explain(ExplainConfig())
+    assert "numbered from 0 (q0 is the explainer's query 1)" in " ".join(text.split())
+    assert "> q0" in text and "Query q0 = [1, 0], key by key:" in text
+    assert "Query q2 = [1, 1], key by key:" in explain(ExplainConfig(query=2))
+
+
+def test_the_heatmaps_label_the_masked_cells():
+    from tinylm.inspection.figures import steps_figure
+
+    def labels(causal):
+        fig = steps_figure(explain_given_qkv(causal=causal).panels, "t")
+        legend = [t.get_text() for lgd in fig.legends for t in lgd.get_texts()]
+        cells = [t.get_text() for ax in fig.axes for t in ax.texts]
+        return legend, cells.count("masked")
+
+    assert labels(causal=True) == (
+        ["masked: key after the query (score -inf, weight 0)"], 6)  # 3 cells, in 2 panels
+    assert labels(causal=False) == ([], 0)  # nothing hidden: no legend
 
 
 def test_checkpoint_head_equals_the_models_own_attention(model, bpe):
@@ -264,7 +306,7 @@ def test_figures_are_written_as_png_and_tensorboard(tmp_path):
     (dict(digits=-1), "digits=-1 is not allowed: must be an integer >= 0"),
     (dict(digits=10), "digits=10 is not allowed: must be at most 9: the numbers are float32"),
     (dict(n_head=2, d_model=10**7), "d_model=10000000 is more than the memory can hold: the "
-     "walkthrough would print 300,000,180,000,036 numbers, about 256 bytes each, and"),
+     "walkthrough would print 400,000,180,000,036 numbers, about 256 bytes each, and"),
     (dict(checkpoint="run"), "checkpoint mode needs text="),
 ])
 def test_bad_inputs_give_clear_errors(cfg, message):
@@ -315,10 +357,16 @@ def test_matrices_too_large_to_walk_through_are_refused_naming_what_fits(tmp_pat
 
 
 def test_a_qkv_file_that_is_no_regular_file_is_named_for_what_it_is(tmp_path):
-    with pytest.raises(ValueError, match="qkv_file='/dev/null' is not a regular file"):
-        explain(ExplainConfig(qkv_file="/dev/null"))
-    with pytest.raises(ValueError, match="is not a regular file"):
-        explain(ExplainConfig(qkv_file=str(tmp_path)))
+    fifo = tmp_path / "qkv.yaml"
+    if hasattr(os, "mkfifo"):
+        os.mkfifo(fifo)  # opened, it would wait for a writer forever
+    for path, kind in (("/dev/null", "a pipe or device"), (str(tmp_path), "a folder"),
+                       *([(str(fifo), "a pipe or device")] if fifo.exists() else [])):
+        with pytest.raises(ValueError) as refused:
+            explain(ExplainConfig(qkv_file=path))
+        assert str(refused.value) == f"qkv_file {path} is {kind}, not a regular file; give a file"
+    with pytest.raises(FileNotFoundError, match=f"^qkv_file {tmp_path / 'no.yaml'} does not"):
+        explain(ExplainConfig(qkv_file=str(tmp_path / "no.yaml")))
 
 
 def test_qkv_file_is_read_and_checked(tmp_path):

@@ -1,8 +1,10 @@
 """tinylm-export's refusals of an `out` that would mix the export with other files: a tinylm run
-or checkpoint (or a folder inside one), and a folder that already holds files. (The export
-itself: tests/test_pretrained.py.)"""
+or checkpoint (or a folder inside one), and a folder that already holds files; an export killed
+mid-write, whose leftovers the next one sweeps. (The export itself: tests/test_pretrained.py.)"""
 
 import os
+import subprocess
+import sys
 
 import pytest
 from helpers import refusal, save_run
@@ -70,3 +72,27 @@ def test_the_command_refuses_in_one_line(run, tmp_path, monkeypatch):
     assert said.startswith(f"tinylm-export: error: out={step} is the tinylm checkpoint {step}")
     assert len(said.splitlines()) == 1
     assert files_under(tmp_path) == before
+
+
+# an export killed (SIGKILL) while it writes model.safetensors, half of it on the disk
+KILLED_EXPORT = """
+import os, signal, sys
+import tinylm.pretrained.gpt2 as gpt2
+def dying(tensors, path, **kwargs):
+    open(path, "wb").write(b"half")
+    os.kill(os.getpid(), signal.SIGKILL)
+gpt2.save_file = dying
+from tinylm.cli.export import ExportConfig, run_export
+run_export(ExportConfig(checkpoint=sys.argv[1], out=sys.argv[2]))
+"""
+
+
+def test_what_a_killed_export_left_is_swept_by_the_next_export_there(run, tmp_path):
+    out = tmp_path / "exported" / "gpt2"
+    killed = subprocess.run([sys.executable, "-c", KILLED_EXPORT, str(run), str(out)])
+    assert killed.returncode == -9
+    left = [p.name for p in out.parent.iterdir()]
+    assert len(left) == 1 and left[0].startswith(".gpt2.tmp-")  # hidden, half written
+    assert run_export(ExportConfig(checkpoint=str(run), out=str(out))) == out
+    assert [p.name for p in out.parent.iterdir()] == ["gpt2"]
+    assert (out / "model.safetensors").stat().st_size > 4

@@ -281,7 +281,8 @@ def test_a_dangling_last_link_is_reported_naming_both_steps(saved_run, caplog):
 def test_a_prompt_file_that_is_a_directory_is_named_as_one(saved_run, tmp_path):
     with pytest.raises(ValueError) as refused:
         run_generate(GenerateConfig(checkpoint=str(saved_run), prompt_file=str(tmp_path)))
-    assert one_line(refused) == f"prompt_file={tmp_path} is a directory; name a UTF-8 text file"
+    assert one_line(refused) == (f"prompt_file {tmp_path} is a folder, not a regular file; "
+                                 "give a file")
 
 
 @pytest.mark.parametrize("special", ["fifo", "/dev/zero", "folder"])
@@ -290,7 +291,8 @@ def test_a_probe_file_that_is_no_regular_file_is_refused_without_opening_it(spec
             "folder": tmp_path}[special]
     if special == "fifo":
         os.mkfifo(path)  # opened, it would wait for a writer forever
-    with pytest.raises(ProbeFileError, match="is not a regular file"):
+    kind = "a folder" if special == "folder" else "a pipe or device"
+    with pytest.raises(ValueError, match=f"^probe file {path} is {kind}, not a regular file"):
         load_probe_file(path)
 
 
@@ -298,5 +300,5 @@ def test_a_probe_file_too_large_to_be_a_probe_set_is_refused(tmp_path, monkeypat
     path = tmp_path / "items.jsonl"
     path.write_text('{"text": "x"}\n' * 10)
     monkeypatch.setattr(tinylm.inspection.probe_items, "MAX_PROBE_FILE_BYTES", 100)
-    with pytest.raises(ProbeFileError, match="holds 140 bytes, more than the 100"):
+    with pytest.raises(ValueError, match="holds 140 bytes, more than the 100"):
         load_probe_file(path)

@@ -78,6 +78,62 @@ def test_leftovers_of_a_dead_process_are_swept_and_a_live_ones_kept(tmp_path):
     assert str(os.getpid()) in mine.name
 
 
+# a writer killed (SIGKILL) in the middle of each kind of write, at its temporary name
+KILLED_WRITER = """
+import os, signal, sys
+from tinylm.files import published_atomically, replaced_atomically
+place, kind = sys.argv[1:]
+if kind == "file":
+    with replaced_atomically(place) as tmp:
+        open(tmp, "w").write("half")
+        os.kill(os.getpid(), signal.SIGKILL)
+with published_atomically(place, replace=kind == "replaced folder") as build:
+    (build / "model.safetensors").write_bytes(b"half")
+    os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+@pytest.mark.parametrize("kind", ["file", "folder", "replaced folder"])
+def test_what_a_killed_writer_left_is_swept_by_the_next_write_to_the_same_place(tmp_path, kind):
+    import subprocess
+    import sys
+
+    from tinylm.files import published_atomically, write_text_atomic
+    place = tmp_path / "out"
+    if kind == "replaced folder":
+        place.mkdir()
+        (place / "old.txt").write_text("old")
+    other = tmp_path / ".other.tmp-999999999-00000000"  # another place's: not this write's
+    other.write_text("")
+    killed = subprocess.run([sys.executable, "-c", KILLED_WRITER, str(place), kind])
+    assert killed.returncode == -9
+    assert len([p for p in tmp_path.iterdir() if p.name.startswith(".out.")]) == 1
+    if kind == "file":
+        write_text_atomic(place, "whole")
+        assert place.read_text() == "whole"
+    else:
+        if kind == "replaced folder":  # killed before the old folder was set aside
+            assert (place / "old.txt").exists()
+        with published_atomically(place, replace=kind == "replaced folder") as build:
+            (build / "new.txt").write_text("new")
+        assert sorted(p.name for p in place.iterdir()) == ["new.txt"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [other.name, "out"]
+
+
+def test_a_folder_set_aside_by_a_killed_replace_is_put_back_not_swept(tmp_path):
+    import subprocess
+    import sys
+
+    from tinylm.files import sweep_leftovers
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True, check=True).stdout.strip()
+    aside = tmp_path / f".cache.old-{dead}-0a1b2c3d"
+    aside.mkdir()
+    (aside / "train.bin").write_text("the only copy")
+    assert sweep_leftovers(tmp_path, "cache") == []
+    assert (tmp_path / "cache" / "train.bin").read_text() == "the only copy"
+
+
 def test_a_replaced_folder_is_swapped_whole_or_kept_as_it_was(tmp_path, monkeypatch):
     import errno
     import os

@@ -1,23 +1,26 @@
 """Behaviour of tinylm.generate and tinylm-generate: sampling, the KV cache, prompts, streaming."""
 
 import dataclasses
+import json
 import os
 import re
-import threading
 import time
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 import torch
-from helpers import compose, refusal, run_cli, save_run, to_dataclass
+from helpers import compose, llama_texts, refusal, run_cli, save_run, to_dataclass
 from omegaconf import OmegaConf
+from tokenizers import Tokenizer as HFTokenizer
+from tokenizers import decoders, models, normalizers, pre_tokenizers, processors, trainers
 
 import tinylm.cli.generate
 import tinylm.cli.sizes
 from tinylm.checkpoint import resolve_checkpoint_dir
 from tinylm.cli.generate import GenerateConfig, main, run_generate
 from tinylm.generate import StreamDecoder, encode_prompt, generate, sample_next
+from tinylm.tokenizer import BPETokenizer, CharTokenizer
 
 
 @pytest.fixture
@@ -53,6 +56,17 @@ def test_top_p_samples_only_the_smallest_nucleus():
     assert set(sample_next(logits, 1.0, top_p=0.9, generator=gen).tolist()) == {1, 3, 2}
     # a tiny top_p still keeps the most likely token
     assert set(sample_next(logits, 1.0, top_p=0.01, generator=gen).tolist()) == {1}
+
+
+@pytest.mark.parametrize("top_p", [1e-46, 5e-324, 1e-45])
+def test_a_top_p_that_float32_rounds_to_0_keeps_the_most_likely_token(top_p):
+    """1e-46 is 0 in float32: every token reached it, the most likely one too, and sampling from
+    nothing was a RuntimeError; the most likely token stays, as for any small top_p."""
+    probs = torch.tensor([0.05, 0.5, 0.15, 0.3])
+    logits = probs.log().expand(50, 4)
+    drawn = sample_next(logits, 0.8, top_k=3, top_p=top_p, generator=torch.Generator())
+    assert set(drawn.tolist()) == {1}
+    assert GenerateConfig(top_p=top_p).top_p == top_p  # the command takes it, as any top_p > 0
 
 
 def test_same_seed_gives_the_same_samples():
@@ -218,6 +232,80 @@ def test_stream_decoder_prints_multibyte_characters_whole(bpe):
     assert not any("\ufffd" in piece for piece in pieces)
 
 
+def stream_one_token_at_a_time(tokenizer, ids: list[int]) -> list[str]:
+    """What StreamDecoder printed before it read a token after the ones before it: each token
+    decoded alone, held back while its text ends in U+FFFD (up to 4 tokens)."""
+    pieces, pending = [], []
+    for token in ids:
+        pending.append(token)
+        text = tokenizer.decode(pending)
+        if text.endswith("\ufffd") and len(pending) < 4:
+            pieces.append("")
+            continue
+        pieces.append(text)
+        pending = []
+    return pieces + [tokenizer.decode(pending) if pending else ""]
+
+
+def test_tinylm_tokenizers_stream_the_same_pieces_as_one_token_at_a_time(bpe):
+    """Byte-level BPE and char tokens decode the same alone as after the others: tinylm's own
+    runs print exactly what they printed, piece by piece, cuts through characters included."""
+    chars = CharTokenizer.train(["Lily saw a cat. She smiled: Café! \u00e9\n"])
+    g = torch.Generator().manual_seed(0)
+    runs = [(bpe, bpe.encode("Café 😀 ok. Lily and Tom went to the park. She")),
+            # random tokens: bytes of characters cut anywhere, runs of 4 that never complete
+            *[(bpe, torch.randint(bpe.vocab_size, (60,), generator=g).tolist())
+              for _ in range(20)],
+            (chars, torch.randint(chars.vocab_size, (60,), generator=g).tolist())]
+    for tokenizer, ids in runs:
+        for prompt in ([], ids[:3], [tokenizer.eot_id]):
+            stream = StreamDecoder(tokenizer, prompt)
+            pieces = [stream.push(i) for i in ids] + [stream.flush()]
+            assert pieces == stream_one_token_at_a_time(tokenizer, ids)
+
+
+def sentencepiece_tokenizer(decoder: str) -> BPETokenizer:
+    """A SentencePiece-style BPE ("▁cat", bytes as "<0xE2>") with a <s> post-processor, decoded
+    as TinyLlama's tokenizer.json does (a "▁" prepended, spaces replaced; decoded, one leading
+    space stripped off the whole text) or with a Metaspace decoder (which strips the first
+    token's)."""
+    hf = HFTokenizer(models.BPE(unk_token="<unk>", byte_fallback=True))
+    hf.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="first")
+    hf.train_from_iterator(llama_texts()[:2000], trainers.BpeTrainer(
+        vocab_size=300, special_tokens=["<unk>", "<s>", "</s>"], show_progress=False))
+    data = json.loads(hf.to_str())
+    for byte in range(256):  # the byte tokens a character outside the vocabulary falls back to
+        data["model"]["vocab"].setdefault(f"<0x{byte:02X}>", len(data["model"]["vocab"]))
+    hf = HFTokenizer.from_str(json.dumps(data))
+    if decoder == "tinyllama":
+        hf.pre_tokenizer = None
+        hf.normalizer = normalizers.Sequence([normalizers.Prepend("▁"),
+                                              normalizers.Replace(" ", "▁")])
+        hf.decoder = decoders.Sequence([decoders.Replace("▁", " "), decoders.ByteFallback(),
+                                        decoders.Fuse(), decoders.Strip(" ", 1, 0)])
+    else:
+        hf.decoder = decoders.Sequence([decoders.ByteFallback(), decoders.Metaspace(
+            replacement="▁", prepend_scheme="first")])
+    hf.post_processor = processors.TemplateProcessing(single="<s> $A",
+                                                      special_tokens=[("<s>", 1)])
+    return BPETokenizer(hf, eot_id=2)
+
+
+@pytest.mark.parametrize("decoder", ["tinyllama", "metaspace"])
+def test_sentencepiece_tokens_stream_with_their_spaces(decoder):
+    tokenizer = sentencepiece_tokenizer(decoder)
+    text = "Lily saw a cat. She smiled, 😀 and said: “Café!”\nThe end."
+    ids = tokenizer.encode(text)
+    assert tokenizer.decode(ids) == text  # the <s> it starts with is left out
+    # decoded alone, each token loses the space it starts with: "She" + "smiled"
+    assert "Shesmiled" in "".join(tokenizer.decode([i]) for i in ids)
+    for cut in (1, 4, 9):  # a prompt of <s> alone, a few words, up to "She"
+        stream = StreamDecoder(tokenizer, ids[:cut])
+        pieces = [stream.push(i) for i in ids[cut:]] + [stream.flush()]
+        assert tokenizer.decode(ids[:cut]) + "".join(pieces) == text
+        assert not any("\ufffd" in piece for piece in pieces)
+
+
 # ---- the command ----------------------------------------------------------------------------
 
 def test_generate_yaml_and_config_dataclass_have_the_same_keys():
@@ -330,49 +418,67 @@ def test_the_largest_max_new_tokens_allowed_is_generated_and_one_more_is_refused
     assert len(run_generate(dataclasses.replace(cfg, max_new_tokens=largest))) == 1
 
 
-def test_an_empty_prompt_file_or_dev_null_starts_a_fresh_story_and_says_so(saved, tmp_path,
-                                                                          capsys):
-    empty = tmp_path / "empty.txt"
-    empty.write_text("")
+def test_an_empty_prompt_file_starts_a_fresh_story_and_says_so(saved, tmp_path, capsys):
     fresh = run_generate(GenerateConfig(checkpoint=str(saved), max_new_tokens=5, temperature=0))
     capsys.readouterr()
-    for path, kind in ((empty, ""), (Path(os.devnull), " (a character device)")):
+    for name, content in (("empty.txt", ""), ("newline.txt", "\n")):  # a line break is no text
+        path = tmp_path / name
+        path.write_text(content)
         texts = run_generate(GenerateConfig(checkpoint=str(saved), prompt_file=str(path),
                                             max_new_tokens=5, temperature=0))
         assert texts == fresh
         assert capsys.readouterr().err.startswith(
-            f"note: prompt_file={path}{kind} is empty: starting from <|endoftext|>, a fresh "
-            "story\n")
+            f"note: prompt_file={path} is empty: starting from <|endoftext|>, a fresh story\n")
+
+
+def test_a_prompt_files_last_line_break_is_dropped_so_the_text_goes_on_after_it(saved, bpe,
+                                                                                 tmp_path,
+                                                                                 capsys):
+    """An editor ends the file's last line with a line break: the model continues after "She",
+    not on a new line. One is dropped, not every one; Windows' line breaks read as \\n."""
+    path = tmp_path / "prompt.txt"
+    for content, prompt in (("Lily and\r\nTom went to the park. She\r\n",
+                             "Lily and\nTom went to the park. She"),
+                            ("She\n\n", "She\n"), ("She", "She")):
+        path.write_bytes(content.encode())
+        cfg = GenerateConfig(checkpoint=str(saved), prompt_file=str(path), max_new_tokens=4,
+                             temperature=0)
+        assert tinylm.cli.generate._read_prompt(cfg, bpe) == prompt
+        capsys.readouterr()
+        texts = run_generate(cfg)
+        assert capsys.readouterr().out == prompt + texts[0] + "\n"
+        assert texts == run_generate(GenerateConfig(checkpoint=str(saved), prompt=prompt,
+                                                    max_new_tokens=4, temperature=0))
 
 
 @pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="named pipes are POSIX")
-def test_a_prompt_file_that_is_a_pipe_is_read_to_its_end_and_a_silent_one_is_refused(
-        saved, tmp_path, monkeypatch, capsys):
-    pipe = tmp_path / "prompt"
-    os.mkfifo(pipe)
-    cfg = GenerateConfig(checkpoint=str(saved), prompt_file=str(pipe), max_new_tokens=3,
-                         temperature=0)
-    monkeypatch.setattr(tinylm.cli.generate, "PROMPT_WAIT_S", 0.5)
+@pytest.mark.parametrize("special", ["fifo", "/dev/zero", "/dev/null", "folder"])
+def test_a_prompt_file_that_is_no_regular_file_is_refused_in_one_line_unread(saved, tmp_path,
+                                                                            special, capsys):
+    """A pipe no program writes to would wait forever, /dev/zero never ends: each is refused
+    from its stat, at once, before the model is run."""
+    path = {"fifo": tmp_path / "prompt", "/dev/zero": "/dev/zero", "/dev/null": "/dev/null",
+            "folder": tmp_path}[special]
+    if special == "fifo":
+        os.mkfifo(path)
+    kind = "a folder" if special == "folder" else "a pipe or device"
     started = time.monotonic()
-    with pytest.raises(ValueError) as err:  # no program writes to it: not a wait forever
-        run_generate(cfg)
-    assert str(err.value) == (f"prompt_file={pipe} (a pipe) sent nothing for 0.5 s; give a "
-                              "file, or a pipe that a program writes the prompt to and closes")
-    assert time.monotonic() - started < 30
-
-    monkeypatch.setattr(tinylm.cli.generate, "PROMPT_WAIT_S", 30)
-    writer = threading.Thread(target=pipe.write_text, args=("Lily and\r\nTom",))
-    writer.start()
-    run_generate(cfg)
-    writer.join()
-    assert capsys.readouterr().out.startswith("Lily and\nTom")  # newlines as in a text file
-
-
-def test_a_prompt_file_that_never_ends_is_refused_at_what_memory_holds(saved, monkeypatch):
-    with_memory(monkeypatch, 2**26)
     with pytest.raises(ValueError) as err:
-        run_generate(GenerateConfig(checkpoint=str(saved), prompt_file="/dev/zero"))
+        run_generate(GenerateConfig(checkpoint=str(saved), prompt_file=str(path)))
+    assert str(err.value) == f"prompt_file {path} is {kind}, not a regular file; give a file"
+    assert time.monotonic() - started < 30
+    assert capsys.readouterr().out == ""
+
+
+def test_a_prompt_file_larger_than_memory_holds_is_refused_before_it_is_read(saved, tmp_path,
+                                                                              monkeypatch):
+    with_memory(monkeypatch, 2**26)
+    path = tmp_path / "prompt.txt"
+    with open(path, "wb") as f:
+        f.truncate(2**26 // 256 + 1)  # sparse: one byte more than the rule lets it hold
+    with pytest.raises(ValueError) as err:
+        run_generate(GenerateConfig(checkpoint=str(saved), prompt_file=str(path)))
     assert str(err.value) == (
-        "prompt_file=/dev/zero (a character device) is more than the memory can hold: reading "
-        "and tokenizing a prompt holds about 256 bytes per byte of it, and 64 MiB are available "
-        "now; give prompt_file with at most 262,144 bytes")
+        f"prompt_file={path} is more than the memory can hold: reading and tokenizing a prompt "
+        "holds about 256 bytes per byte of it, and 64 MiB are available now; give prompt_file "
+        "with at most 262,144 bytes")

@@ -40,6 +40,10 @@ def snapshot(root):
 
 
 def not_a_file(path) -> str:
+    read_whole = {"model_config.json": "model config", "config.yaml": "run config"}
+    if path.name in read_whole:  # read by tinylm: files.read_regular_file
+        return (f"tinylm-generate: error: the checkpoint's {read_whole[path.name]} {path} is a "
+                "pipe or device, not a regular file; give a file")
     return (f"tinylm-generate: error: {path} is not a regular file (a FIFO, device or folder): "
             f"put the model's {path.name} there as a file")
 

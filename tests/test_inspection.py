@@ -3,11 +3,13 @@ word-level aggregation, pronouns, outputs."""
 
 import json
 import re
+import shutil
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
+from helpers import run_cli
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 import tinylm.inspection.capture
@@ -19,12 +21,18 @@ from tinylm.inspection.capture import (
     find_words,
     is_name,
     key_words,
+    other_gender,
     read_pronouns,
     token_word_index,
     word_at,
     word_level,
 )
-from tinylm.inspection.report import inspect_texts, pronoun_summary
+from tinylm.inspection.report import (
+    inspect_texts,
+    pronoun_records,
+    pronoun_summary,
+    pronoun_table,
+)
 from tinylm.tokenizer import CharTokenizer
 
 TEXT = "Lily and Tom went to the park. She saw a big dog. It was happy."
@@ -164,6 +172,53 @@ def test_a_pronoun_that_opens_the_text_has_no_deciding_reading_and_the_rest_is_k
     assert len(lines) == 4 and lines[2].startswith("'her' at character 26, deciding (from ' '")
 
 
+def test_it_and_its_are_never_linked_to_a_name_and_he_she_they_are():
+    text = "Lily had a dog. It wagged its tail. She and Tom saw it. They smiled at him."
+    capture = hand_made_capture(text, {(0, 0): "Lily"}, {(0, 0): "Lily"})
+    readings = read_pronouns(capture)
+    assert [r.pronoun for r in readings] == ["It", "its", "She", "it", "They", "him"]
+    for r in readings:
+        if r.pronoun in ("It", "its", "it"):  # a thing or an animal: no reading, a reason
+            assert r.positions == {} and r.skipped.keys() == {"deciding", "resolving"}
+            assert "stands for a thing or an animal" in r.skipped["deciding"]
+        else:
+            assert r.positions.keys() == {"deciding", "resolving"}
+    assert {(layer, head) for layer, head, _, _ in
+            readings[2].positions["resolving"].name_heads} >= {(0, 0)}
+    lines = pronoun_summary(capture, readings)
+    for line in lines:
+        assert not (line.startswith(("'It'", "'its'", "'it'")) and "->" in line), line
+    assert lines[0] == ("'It' at character 16: not read: 'It' stands for a thing or an animal, "
+                        "not a named character: only he, she, they and their other forms are "
+                        "read against names")
+    records = pronoun_records(capture, readings)
+    assert [(r["pronoun"], r["reads_names"], r["gender"]) for r in records] == [
+        ("It", False, None), ("its", False, None), ("She", True, "female"), ("it", False, None),
+        ("They", True, None), ("him", True, "male")]
+    assert records[0]["deciding"] is records[0]["resolving"] is None
+
+
+def test_a_reading_that_points_at_a_name_of_the_other_gender_is_flagged():
+    text = "Tom met Lily and Zed yesterday. She smiled."  # uniform heads: "yesterday" on top
+    capture = hand_made_capture(text, {(0, 0): "Tom", (0, 1): "Lily", (1, 0): "Zed"},
+                                {(1, 1): "Tom"})
+    (reading,) = read_pronouns(capture)
+    assert other_gender("She", "Tom") and other_gender("his", "Lily")
+    assert not other_gender("She", "Lily") and not other_gender("She", "Zed")  # Zed: unknown
+    assert not other_gender("They", "Tom") and not other_gender("She", "dog")
+    deciding, resolving = pronoun_summary(capture, [reading])
+    assert ": 1/4 heads point at a name (1 at a name of the other gender): " \
+        "L1H1 -> Tom (other gender) 1.00" in deciding
+    assert ": 3/4 heads point at a name (1 at a name of the other gender): " in resolving
+    assert "L0H0 -> Tom (other gender) 1.00" in resolving and "L0H1 -> Lily 1.00" in resolving
+    assert "L1H0 -> Zed 1.00" in resolving  # a name of no listed gender: never flagged
+    (record,) = pronoun_records(capture, [reading])
+    tops = {(h["layer"], h["head"]): h["top"][0] for h in record["resolving"]["heads"]}
+    assert [(tops[k]["word"], tops[k]["other_gender"]) for k in sorted(tops)] == [
+        ("Tom", True), ("Lily", False), ("Zed", False), ("yesterday", False)]
+    assert "*Tom* (other gender) 1.00" in pronoun_table(capture, reading)
+
+
 def test_key_words_sums_each_words_tokens_for_one_query_row():
     token_words = [0, 0, -1, 1]
     row = np.array([[0.1, 0.2, 0.3, 0.4]])  # (Q=1, T=4)
@@ -237,6 +292,40 @@ def test_inspection_writes_tensorboard_images_text_png_and_npz(model, bpe, tmp_p
         assert [(h["layer"], h["head"]) for h in heads] == [(0, 0), (0, 1), (1, 0), (1, 1)]
         assert all(0 <= w["weight"] <= 1 and w["word"] in text for h in heads for w in h["top"])
     assert not list(tmp_path.rglob(".*.tmp-*"))  # every file renamed into place
+
+
+DEFAULT_RUN = Path("/work/runs/default")  # the README's trained run, where this machine has one
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("run", ["default", "tiny"])
+def test_inspect_true_on_a_trained_run_links_no_name_to_it(run, trained_run, tmp_path):
+    """The README's command on "Lily had a dog. It was happy. She": "It" is the dog, so no
+    reading links it to Lily; "She" is read, its heads pointing at Lily."""
+    if run == "default":
+        if not (DEFAULT_RUN / "checkpoints").is_dir():
+            pytest.skip(f"no trained default run at {DEFAULT_RUN}")
+        checkpoint = shutil.copytree(DEFAULT_RUN / "checkpoints", tmp_path / "run" / "checkpoints",
+                                     symlinks=True).parent
+    else:
+        checkpoint = trained_run[0]
+    logdir = tmp_path / "inspect"
+    result = run_cli("tinylm.cli.generate", f"checkpoint={checkpoint}",
+                     'prompt="Lily had a dog. It was happy. She"', "inspect=true",
+                     "max_new_tokens=0", f"logdir={logdir}", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    it_lines = [line for line in result.stdout.splitlines() if line.strip().startswith("'It'")]
+    assert it_lines == ["  'It' at character 16: not read: 'It' stands for a thing or an animal, "
+                        "not a named character: only he, she, they and their other forms are read "
+                        "against names"], result.stdout
+    assert "'She' at character 30, deciding (from '.' before 'She')" in result.stdout
+    record = json.loads((logdir / "inspect.json").read_text())
+    it, she = record["pronouns"]
+    assert (it["pronoun"], it["reads_names"], it["deciding"], it["resolving"]) == (
+        "It", False, None, None)
+    assert she["pronoun"] == "She" and she["reads_names"] and she["gender"] == "female"
+    assert "'It'" not in "".join(line for line in (logdir / "pronouns.md").read_text().splitlines()
+                                 if "->" in line)
 
 
 @pytest.mark.slow

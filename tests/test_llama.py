@@ -10,83 +10,17 @@ import json
 
 import pytest
 import torch
+from helpers import BOS, EOS, LLAMA_CASES, LLAMA_VOCAB, make_llama_tokenizer, save_llama_folder
 from tokenizers import Tokenizer as HFTokenizer
-from tokenizers import decoders, models, normalizers, pre_tokenizers, processors, trainers
-from transformers import (
-    AutoConfig,
-    AutoModelForCausalLM,
-    PreTrainedTokenizerFast,
-)
+from tokenizers import decoders, models, normalizers, processors
+from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedTokenizerFast
 
 from tinylm.generate import generate
 from tinylm.hooks import run_with_cache
 from tinylm.pretrained import llama
 from tinylm.tokenizer import BPETokenizer, load_tokenizer
 
-TEXTS = ["Once upon a time there was a little cat named Tom. He liked to play in the sun.",
-         "Lily and Tom went to the park. She saw a big dog. It was happy."] * 20
 PROMPT = "Lily and Tom went to the park. She"
-VOCAB = 300
-BOS, EOS = "<s>", "</s>"
-
-# name -> (model_type, the transformers config's values); all 2 layers, hidden 32-64
-CASES = {
-    # grouped-query heads (2 queries per key/value head), a slower rotation, its own LM head,
-    # Llama 3's rotary scaling
-    "llama-gqa-llama3": ("llama", dict(
-        hidden_size=64, num_attention_heads=4, num_key_value_heads=2, intermediate_size=96,
-        rope_theta=5000.0, tie_word_embeddings=False,
-        rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
-                      "high_freq_factor": 4.0, "original_max_position_embeddings": 16})),
-    # one key/value head for all 4 query heads, linear rotary scaling, tied head, biases in
-    # q, k, v and o_proj and in the MLP
-    "llama-mqa-linear": ("llama", dict(
-        hidden_size=32, num_attention_heads=4, num_key_value_heads=1, intermediate_size=80,
-        tie_word_embeddings=True, rope_scaling={"rope_type": "linear", "factor": 2.0},
-        attention_bias=True, mlp_bias=True)),
-    # q/k/v biases, tied head, Qwen's rope_theta
-    "qwen2": ("qwen2", dict(
-        hidden_size=64, num_attention_heads=4, num_key_value_heads=2, intermediate_size=128,
-        rope_theta=1e6, tie_word_embeddings=True)),
-    "mistral": ("mistral", dict(
-        hidden_size=32, num_attention_heads=2, num_key_value_heads=1, intermediate_size=64,
-        sliding_window=None)),
-}
-
-
-def make_tokenizer(bos: bool, eos: str) -> HFTokenizer:
-    """A byte-level BPE of about VOCAB tokens; with `bos`, a post-processor that starts every
-    text with <s>, as Llama's tokenizer.json does."""
-    hf = HFTokenizer(models.BPE())
-    hf.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    hf.decoder = decoders.ByteLevel()
-    hf.train_from_iterator(TEXTS, trainers.BpeTrainer(
-        vocab_size=VOCAB, special_tokens=["<unk>", BOS, eos], show_progress=False,
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
-    if bos:
-        hf.post_processor = processors.TemplateProcessing(
-            single=f"{BOS} $A", special_tokens=[(BOS, hf.token_to_id(BOS))])
-    return hf
-
-
-def save_folder(folder, model_type: str, values: dict, seed: int = 0):
-    """A transformers model with random weights saved into `folder` with its tokenizer.json, as
-    a download is; returns it in eval mode."""
-    torch.manual_seed(seed)
-    tokenizer = make_tokenizer(bos=model_type != "qwen2",
-                               eos="<|endoftext|>" if model_type == "qwen2" else EOS)
-    eos = tokenizer.token_to_id("<|endoftext|>" if model_type == "qwen2" else EOS)
-    config = AutoConfig.for_model(
-        model_type, vocab_size=tokenizer.get_vocab_size(), num_hidden_layers=2,
-        max_position_embeddings=64, eos_token_id=eos,
-        bos_token_id=tokenizer.token_to_id(BOS), attn_implementation="eager", **values)
-    model = AutoModelForCausalLM.from_config(config).eval()
-    with torch.no_grad():  # biases and norms too (transformers starts them at 0 and 1), so that
-        for p in model.parameters():  # a weight read into the wrong place shows
-            p.normal_(0.0, 0.2)
-    model.save_pretrained(folder)
-    tokenizer.save(str(folder / "tokenizer.json"))
-    return model
 
 
 def load(folder):
@@ -102,12 +36,11 @@ def load(folder):
     return model.eval(), llama.read_tokenizer(folder / "tokenizer.json", hf)
 
 
-@pytest.fixture(scope="module", params=list(CASES))
+@pytest.fixture(scope="module", params=list(LLAMA_CASES))
 def pair(request, tmp_path_factory):
     """(transformers' model, tinylm's, tinylm's tokenizer, the folder) of one case."""
-    model_type, values = CASES[request.param]
     folder = tmp_path_factory.mktemp(request.param)
-    theirs = save_folder(folder, model_type, values)
+    theirs = save_llama_folder(folder, request.param)
     ours, tokenizer = load(folder)
     return theirs, ours, tokenizer, folder
 
@@ -165,7 +98,8 @@ def test_tokenizer_encodes_as_transformers_with_its_bos(pair):
     if has_bos:
         assert offsets[0] == (0, 0)
         assert tokenizer.token_strings(ids)[0] == BOS
-    assert tokenizer.decode(ids[1:] if has_bos else ids) == PROMPT
+    # the BOS the post-processor adds is left out again: decode(encode(text)) == text
+    assert tokenizer.decode(ids) == tokenizer.decode(ids[1:] if has_bos else ids) == PROMPT
 
 
 def test_greedy_continuation_equals_transformers_generate(pair):
@@ -320,13 +254,13 @@ def test_tinylm_tokenizers_have_no_post_processor_so_their_ids_are_unchanged(bpe
 
 def test_end_of_text_comes_from_the_loader(tmp_path):
     path = tmp_path / "tokenizer.json"
-    make_tokenizer(bos=True, eos=EOS).save(str(path))
+    make_llama_tokenizer(bos=True, eos=EOS).save(str(path))
     with pytest.raises(ValueError, match="no <\\|endoftext\\|> token"):
         load_tokenizer(path)
     tokenizer = load_tokenizer(path, eot_id=2)
     assert tokenizer.eot_id == 2 and tokenizer.token_strings([2]) == [EOS]
     with pytest.raises(ValueError, match="outside"):
-        load_tokenizer(path, eot_id=VOCAB + 5)
+        load_tokenizer(path, eot_id=LLAMA_VOCAB + 5)
     assert llama.eos_id({"model_type": "llama", "eos_token_id": [7, 9]}) == 7
     assert llama.eos_id({"model_type": "llama"}) == 2  # transformers' default for Llama
     assert llama.eos_id({"model_type": "qwen2"}) is None
@@ -346,4 +280,4 @@ def test_sentencepiece_style_tokens_are_labelled_with_spaces_and_bytes():
     tokenizer = BPETokenizer(hf, eot_id=2)
     ids, offsets = tokenizer.encode_with_offsets("cat\ncat")
     assert tokenizer.token_strings(ids) == ["<s>", " cat", "\n", "c", "a", "t"]
-    assert offsets[0] == (0, 0) and tokenizer.decode(ids[1:]) == "cat\ncat"
+    assert offsets[0] == (0, 0) and tokenizer.decode(ids) == "cat\ncat"

@@ -1,13 +1,19 @@
 """Behaviour of tinylm.inspection.patching: a model built to carry the name through one head,
-agreement with the same patch on transformers' GPT-2, batching, the effect arithmetic, the
-bootstrap, pairs from probe items, attribution patching, mean-ablation."""
+agreement with the same patch on transformers' GPT-2 and on a Llama with grouped-query heads,
+batching, the effect arithmetic, the bootstrap, pairs from probe items, attribution patching,
+mean-ablation."""
+
+import functools
 
 import numpy as np
 import pytest
 import torch
+from helpers import save_llama_folder
 from torch import nn
 
+from tinylm.files import project_root
 from tinylm.hooks import caching
+from tinylm.inspection.interventions import head_replaced
 from tinylm.inspection.patching import (
     PatchingResult,
     PatchPair,
@@ -15,10 +21,9 @@ from tinylm.inspection.patching import (
     build_pairs,
     head_output_means,
     patch_heads,
-    replaced_head_output,
 )
 from tinylm.inspection.probe_items import EncodedAgreementItem, ProbeItem
-from tinylm.inspection.probe_types import parse_item
+from tinylm.inspection.probe_types import load_probe_file, parse_item
 from tinylm.tokenizer import CharTokenizer
 
 F, M, SHE, HE, DOT, X = range(6)  # token ids of the hand-built model
@@ -112,7 +117,7 @@ def test_zero_ablation_is_fooled_by_a_needed_head_that_carries_no_name_and_mean_
     means = head_output_means(model, [s for e in encoded for s in (e.written, e.wrong)])
     mean_ablated = {}
     for head in (CARRIER, GATE_HEAD):
-        with replaced_head_output(model, 0, head, means[0][:, head * 8:(head + 1) * 8]):
+        with head_replaced(model, 0, head, means[0][:, head * 8:(head + 1) * 8]):
             mean_ablated[head] = agreement_margins(model, encoded, new_word)
     torch.testing.assert_close(mean_ablated[GATE_HEAD], base, atol=1e-4, rtol=0)
     assert (mean_ablated[CARRIER].mean() - base.mean()) < -0.5 * float(base.mean())
@@ -133,11 +138,55 @@ def test_head_output_means_average_the_sequences_that_reach_each_position(tiny_m
     torch.testing.assert_close(means[1][2], (heads[0][2] + heads[2][2]) / 2)
     torch.testing.assert_close(means[1][3], heads[2][3])  # only the longest reaches position 3
     with pytest.raises(ValueError, match="a sequence of 5 tokens, but values for only 4 positions"):
-        with replaced_head_output(model, 1, 0, means[1][:, :8]), torch.no_grad():
+        with head_replaced(model, 1, 0, means[1][:, :8]), torch.no_grad():
             model(torch.tensor([[X] * 5]))
 
 
-# ---- the same patch on transformers' GPT-2 ------------------------------------------------------
+# ---- the same patch on transformers' models ----------------------------------------------------
+
+def their_m(projections, reference, targets, hs, ids, layer=None, head=None, values=None,
+            positions=()):
+    """m of `targets` from a transformers model on `ids`, head `head` (`hs` wide) of `layer`
+    given `values` at `positions` where the heads' outputs enter `projections[layer]` (the out
+    projection: c_proj, o_proj); and what every layer's projection received."""
+    seen = {}
+
+    def hook(layer_index):
+        def replace(module, args):
+            seen[layer_index] = args[0].clone()
+            if layer_index != layer:
+                return None
+            y = args[0].clone()
+            for p in positions:
+                y[0, p, head * hs:(head + 1) * hs] = values[p, head * hs:(head + 1) * hs]
+            return (y,)
+        return replace
+    handles = [proj.register_forward_pre_hook(hook(i)) for i, proj in enumerate(projections)]
+    with torch.no_grad():
+        log_p = reference(torch.tensor([ids])).logits[0, -1].log_softmax(-1)
+    for handle in handles:
+        handle.remove()
+    return float(log_p[targets[0]] - log_p[targets[1]]), seen
+
+
+def assert_patching_equals(result, pairs, projections, reference, hs, cells):
+    """tinylm's patching `result` over `pairs` against the same patches done with hooks on the
+    reference: m clean, counterfactual, (layer, head, position) cells patched one position at a
+    time (position None: the deciding one), head 3 of layer 0 patched at every position."""
+    for i, pair in enumerate(pairs):
+        m = functools.partial(their_m, projections, reference, pair.target_ids, hs)
+        m_clean, _ = m(pair.clean_ids)
+        m_other, other_heads = m(pair.counterfactual_ids)
+        assert result.m_clean[i] == pytest.approx(m_clean, abs=1e-4)
+        assert result.m_counterfactual[i] == pytest.approx(m_other, abs=1e-4)
+        for layer, head, position in cells:
+            position = pair.position if position is None else position
+            patched, _ = m(pair.clean_ids, layer, head, other_heads[layer][0], [position])
+            assert result.m_patched_by_position[i, layer, head, position] == pytest.approx(
+                patched, abs=1e-4)
+        patched, _ = m(pair.clean_ids, 0, 3, other_heads[0][0], range(len(pair.clean_ids)))
+        assert result.m_patched_all[i, 0, 3] == pytest.approx(patched, abs=1e-4)
+
 
 def test_patching_equals_the_same_patch_by_hooks_on_transformers_gpt2(bpe, tmp_path):
     transformers = pytest.importorskip("transformers")
@@ -162,42 +211,31 @@ def test_patching_equals_the_same_patch_by_hooks_on_transformers_gpt2(bpe, tmp_p
         other[1] = (other[1] + 7) % bpe.vocab_size
         pairs.append(PatchPair(f"pair {n}", clean, other, (11, 23)))
     result = patch_heads(model, pairs, batch_size=5)
-
-    def their_m(ids, layer=None, head=None, values=None, positions=()):
-        """m from the reference, head `head` of `layer` given `values` at `positions`; and
-        what every layer's c_proj received."""
-        seen = {}
-
-        def hook(layer_index):
-            def replace(module, args):
-                seen[layer_index] = args[0].clone()
-                if layer_index != layer:
-                    return None
-                y = args[0].clone()
-                for p in positions:
-                    y[0, p, head * 8:(head + 1) * 8] = values[p, head * 8:(head + 1) * 8]
-                return (y,)
-            return replace
-        handles = [block.attn.c_proj.register_forward_pre_hook(hook(i))
-                   for i, block in enumerate(reference.transformer.h)]
-        with torch.no_grad():
-            log_p = reference(torch.tensor([ids])).logits[0, -1].log_softmax(-1)
-        for handle in handles:
-            handle.remove()
-        return float(log_p[11] - log_p[23]), seen
-
-    for i, pair in enumerate(pairs):
-        m_clean, _ = their_m(pair.clean_ids)
-        m_other, other_heads = their_m(pair.counterfactual_ids)
-        assert result.m_clean[i] == pytest.approx(m_clean, abs=1e-4)
-        assert result.m_counterfactual[i] == pytest.approx(m_other, abs=1e-4)
-        for layer, head, position in ((0, 1, 1), (1, 3, pair.position), (2, 0, 0), (0, 2, 2)):
-            m, _ = their_m(pair.clean_ids, layer, head, other_heads[layer][0], [position])
-            assert result.m_patched_by_position[i, layer, head, position] == pytest.approx(
-                m, abs=1e-4)
-        m, _ = their_m(pair.clean_ids, 0, 3, other_heads[0][0], range(len(pair.clean_ids)))
-        assert result.m_patched_all[i, 0, 3] == pytest.approx(m, abs=1e-4)
+    assert_patching_equals(result, pairs, [block.attn.c_proj for block in reference.transformer.h],
+                           reference, 8, [(0, 1, 1), (1, 3, None), (2, 0, 0), (0, 2, 2)])
     assert abs(result.m_patched_by_position[:, 0, 1, 1] - result.m_clean).max() > 1e-3  # moved
+
+
+def test_patching_a_llama_with_grouped_query_heads_equals_the_same_patch_on_transformers(
+        tmp_path):
+    """Heads 2 and 3 share key/value head 1: each is patched alone, in its own slice of what
+    o_proj receives; the pairs are the shipped agreement items, each text starting with <s>."""
+    pytest.importorskip("transformers")
+    from tinylm.pretrained import load_pretrained
+
+    reference = save_llama_folder(tmp_path, "llama-gqa-llama3")
+    model, tokenizer, _ = load_pretrained(tmp_path)
+    items = load_probe_file(project_root() / "data" / "probes" / "agreement.jsonl")
+    pairs, _ = build_pairs(tokenizer, items, model.config.block_size)
+    pairs = pairs[:3]
+    assert all(pair.clean_ids[0] == tokenizer.encode("")[0] for pair in pairs)  # <s>
+    result = patch_heads(model, pairs, batch_size=2)  # padded batches, of 2 and 1
+    assert_patching_equals(result, pairs, [layer.self_attn.o_proj for layer in
+                                           reference.model.layers], reference, 16,
+                           [(0, 1, 1), (1, 3, None), (1, 2, None), (0, 2, 2), (1, 0, 0)])
+    deciding = [result.m_patched_by_position[i, 1, 3, pair.position]
+                for i, pair in enumerate(pairs)]
+    assert abs(deciding - result.m_clean).max() > 1e-3  # moved
 
 
 # ---- batching and positions ---------------------------------------------------------------------
@@ -348,6 +386,75 @@ def test_a_result_read_back_from_its_json_has_the_same_numbers():
     np.testing.assert_array_equal(back.pair_effects(), result.pair_effects())
 
 
+def crafted(edit):
+    """hand_made_result's JSON section through JSON text, edited by `edit(section)`."""
+    import json
+
+    section = json.loads(json.dumps(hand_made_result().to_json()))
+    edit(section)
+    return json.loads(json.dumps(section))  # what a reader of probe.json gets: 1e400 is inf
+
+
+def put(path, value):
+    """An edit that sets section[path[0]][path[1]]... to `value` (None: deletes the key)."""
+    def edit(section):
+        *parents, last = path
+        for key in parents:
+            section = section[key]
+        if value is None:
+            del section[last]
+        else:
+            section[last] = value
+    return edit
+
+
+@pytest.mark.parametrize("edit, key, what", [
+    (put(["pairs"], []), "pairs", "is not a list of pairs"),
+    (put(["pairs"], None), "pairs", "is not a list of pairs"),
+    (put(["method"], 3), "method", "is not exact or attribution"),
+    (put(["skipped"], [{"source": "x"}]), "skipped", "is not a list of {source, reason}"),
+    (put(["pairs", 1], "b"), "pairs[1]", "is not an object"),
+    (put(["pairs", 1, "counterfactual_ids"], [4]), "pairs[1]",
+     "has no clean_ids and counterfactual_ids of as many token ids"),
+    (put(["pairs", 1, "clean_ids"], [1, True]), "pairs[1]",
+     "has no clean_ids and counterfactual_ids of as many token ids"),
+    (put(["pairs", 0, "target_ids"], "ab"), "pairs[0].target_ids", "are not 2 ids"),
+    (put(["pairs", 0, "source"], None), "pairs[0].source", "is not a text"),
+    (put(["pairs", 2, "m_clean"], None), "pairs[2].m_clean", "is not a number within ±1e+09"),
+    (put(["pairs", 2, "m_clean"], "1e400"), "pairs[2].m_clean", "is not a number within ±1e+09"),
+    (put(["pairs", 2, "m_clean"], 1e400), "pairs[2].m_clean", "is not a number within ±1e+09"),
+    (put(["pairs", 0, "m_counterfactual"], -1e308), "pairs[0].m_counterfactual",
+     "is not a number within ±1e+09"),
+    (put(["pairs", 0, "m_patched_all"], [[1.0, 1e308]]), "pairs[0].m_patched_all",
+     "is not 1 x 2 numbers within ±1e+09 or null"),
+    (put(["pairs", 1, "m_patched_all"], [[1.0]]), "pairs[1].m_patched_all",
+     "is not 1 x 2 numbers within ±1e+09 or null"),
+    (put(["pairs", 0, "m_patched_all"], [[]]), "pairs[0].m_patched_all",
+     "is not a layers x heads list"),
+    (put(["pairs", 1, "m_patched_by_position"], [[[3.0, 0.0, 1.0], [2.0, 2.0, 1.0]]]),
+     "pairs[1].m_patched_by_position", "is not 1 x 2 x 2 numbers within ±1e+09 or null"),
+])
+def test_a_crafted_json_section_is_refused_in_one_line_naming_the_key(edit, key, what):
+    with pytest.raises(ValueError) as refused:
+        PatchingResult.from_json(crafted(edit))
+    assert str(refused.value) == f"the patching section's {key} {what}"
+    with pytest.raises(ValueError, match="^the patching section is not an object$"):
+        PatchingResult.from_json([])
+
+
+def test_a_json_section_with_null_patched_runs_and_shared_tokens_reads_back():
+    result = hand_made_result()
+    result.pairs[0].shared = 1
+    result.m_patched_all[0, 0, 1] = np.nan  # null in the JSON: NaN again
+    back = PatchingResult.from_json(crafted(lambda section: None))
+    assert back.pairs[0].shared == 0  # crafted() starts from a fresh hand-made result
+    section = result.to_json()
+    assert section["pairs"][0]["shared"] == 1 and "shared" not in section["pairs"][1]
+    assert section["metric"].endswith("m compares the first token where they differ")
+    back = PatchingResult.from_json(section)
+    assert back.pairs == result.pairs and np.isnan(back.m_patched_all[0, 0, 1])
+
+
 def test_the_json_section_holds_what_a_reader_needs_to_recompute_it():
     result = hand_made_result()
     report = result.to_json()
@@ -415,14 +522,20 @@ def test_pairs_that_cannot_be_aligned_are_skipped_with_their_reason(bpe):
     assert reasons["longer"] == (f"the counterfactual's context is {n_long} tokens, the clean "
                                  f"one {n_clean}")
     assert reasons["same"] == "the counterfactual's context is the clean one's"
-    # one token per character: " she" and " he" both begin with " "
-    chars = CharTokenizer(sorted(set(base + "Tom")))
-    _, skipped = build_pairs(chars, [agreement(
-        base, "she", "Lily", "he", "Toms went to the park. After a while, he saw a dog.",
-        "chars")], 64)
-    space = chars.encode(" ")[0]
-    assert skipped == [{"source": "chars",
-                        "reason": f"both pronouns begin with token {space} ' '"}]
+    # one token per character: " she" and " he" both begin with " ", which is read in both
+    # texts, and m compares "s" with "h"; " he" and " her" differ only once one has ended
+    chars = CharTokenizer(sorted(set(base + "Tomr")))
+    pairs, skipped = build_pairs(chars, [
+        agreement(base, "she", "Lily", "he",
+                  "Toms went to the park. After a while, he saw a dog.", "chars"),
+        agreement(base.replace("she", "he"), "he", "Lily", "her",
+                  "Toms went to the park. After a while, her saw a dog.", "her")], 64)
+    assert [pair.source for pair in pairs] == ["chars"] and pairs[0].shared == 1
+    assert chars.decode(pairs[0].clean_ids) == "Lily went to the park. After a while, "
+    assert chars.decode(pairs[0].counterfactual_ids) == "Toms went to the park. After a while, "
+    assert pairs[0].target_ids == tuple(chars.encode("sh"))
+    assert skipped == [{"source": "her", "reason": "the pronouns' tokens [' ', 'h', 'e'] and "
+                        "[' ', 'h', 'e', 'r'] do not differ before one ends"}]
     _, skipped = build_pairs(chars, [agreement(
         base, "she", "Lily", "he", "Zed went to the park. After a while, he saw a dog.",
         "unseen")], 64)

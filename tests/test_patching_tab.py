@@ -20,10 +20,11 @@ from torch.utils.tensorboard import SummaryWriter
 
 from tinylm.inspection.capture import AttentionCapture, find_words, token_word_index, word_level
 from tinylm.inspection.tensorboard_plugin import PROBE_PLUGIN_NAME
-from tinylm.inspection.tensorboard_plugin.plugin import MAX_CHARS, MAX_PAIRS
+from tinylm.inspection.tensorboard_plugin.plugin import MAX_CHARS, MAX_PATCHED
 from tinylm.inspection.tensorboard_plugin.summary import (
     PATCHING_POSITIONS_TAG,
     PATCHING_TAG,
+    PROBE_READS,
     PROBE_TAG,
     patching_summary,
     write_attention,
@@ -132,11 +133,13 @@ def test_the_routes_serve_the_grid_and_one_pair_at_a_time_with_nan_as_null(tmp_p
 
     body = client.get(f"{ROUTE}/patching").data
     (report,) = logdir_tests.strict_json(body)["reports"]
-    assert report == {"run": "run/probe", "n_skipped": 3, "interval_level": 0.9,
-                      "shape": [N_LAYER, N_HEAD],
+    assert report == {"run": "run/probe", "run_label": "run/probe", "n_skipped": 3,
+                      "interval_level": 0.9, "shape": [N_LAYER, N_HEAD],
                       "effect": nan_as_null(effects), "interval": nan_as_null(intervals),
-                      "pairs": [{k: v for k, v in json.loads(json.dumps(pair, default=float))
-                                 .items() if k != "tokens"} for pair in pairs()]}
+                      "pairs": [{**{k: v for k, v in json.loads(json.dumps(pair, default=float))
+                                    .items() if k != "tokens"},
+                                 "text": "".join(tokens).strip() + " She"}
+                                for pair, tokens in zip(pairs(), CLEAN, strict=True)]}
     assert report["effect"][1][2] is None and report["interval"][1][2] == [None, None]
     assert len(body) < 2000  # a few numbers per head, a line per pair
 
@@ -158,8 +161,29 @@ def test_the_routes_serve_the_grid_and_one_pair_at_a_time_with_nan_as_null(tmp_p
             "error": "no such run and pair"}, query
     # the probe report beside it is served as before; the patching tags are not taken for one
     assert client.get(f"{ROUTE}/probes").json == {"reports": [{
-        "run": "run/probe", "n": 8, "accuracy": np.full((N_LAYER, N_HEAD), 0.5).tolist()}],
-        "problems": []}
+        "run": "run/probe", "run_label": "run/probe", "n": 8,
+        "accuracy": np.full((N_LAYER, N_HEAD), 0.5).tolist(), "chance": 0.5,
+        "reads": PROBE_READS}], "problems": []}
+
+
+def test_a_report_of_more_than_1024_pairs_is_served_and_each_pair_named_by_its_sentence(tmp_path):
+    n = 1100  # the bound was 1,024 pairs: such a report was written, and the tab refused it
+    rng = np.random.default_rng(1)
+    many = [{**pairs()[i % 2], "tokens": [f"Kid{i}", " ran", "."], "position": 2,
+             "source": f"mine.jsonl, line {i + 1}"} for i in range(n)]
+    effects = rng.uniform(-0.2, 0.8, (N_LAYER, N_HEAD)).astype(np.float32)
+    by_position = rng.uniform(-1, 1, (n, N_LAYER, N_HEAD, 3)).astype(np.float32)
+    write_run(tmp_path / "many", lambda writer: write_patching(
+        writer, effects, np.stack([effects - 0.1, effects + 0.1], -1), by_position, many, 0))
+    client = tab.in_process_app(tmp_path)
+    listing = logdir_tests.strict_json(client.get(f"{ROUTE}/patching").data)
+    assert listing["problems"] == []
+    (report,) = listing["reports"]
+    assert len(report["pairs"]) == n and report["pairs"][n - 1]["text"] == f"Kid{n - 1} ran. She"
+    served = logdir_tests.strict_json(client.get(
+        f"{ROUTE}/patching_pair?run=many&pair={n - 1}").data)
+    assert served["tokens"] == [f"Kid{n - 1}", " ran", "."]
+    assert served["effect"] == nan_as_null(by_position[n - 1])
 
 
 def description_with(**changes):
@@ -198,9 +222,10 @@ CRAFTED_REPORTS = {
     "old_format": (crafted_report(description_with(version=0)),
                    "written in a tinylm patching report format 0"),
     "huge_shape": (crafted_report(description_with(shape=[10**6, 12, 12, 1024])),
-                   "its shape is not (pairs <= "),
-    "too_many_effects": (crafted_report(description_with(shape=[MAX_PAIRS, 64, 64, 1024])),
-                         "its shape is not (pairs <= "),
+                   "its shape is not (pairs, layers <= "),
+    "too_many_effects": (crafted_report(description_with(shape=[MAX_PATCHED // 4096 + 1, 64, 64,
+                                                                1])),
+                         "its shape is not (pairs, layers <= "),
     "no_skipped": (crafted_report(description_with(n_skipped=-1)),
                    "its count of skipped pairs is not a number"),
     "far_level": (crafted_report(description_with(interval_level=95)),
@@ -215,6 +240,13 @@ CRAFTED_REPORTS = {
                      "its pair 0's position is not one of its"),
     "nan_margin": (crafted_report(description_with(pair_m_clean=float("nan"))),
                    "its pair 0's margins are not finite numbers"),
+    # written as 1 and 400 zeros: an int no float holds (it made every run's /patching a 500)
+    "huge_margin": (crafted_report(description_with(pair_m_clean=10**400)),
+                    "its pair 0's margins are not finite numbers"),
+    "infinite_margin": (crafted_report(description_with(pair_m_counterfactual=float("inf"))),
+                        "its pair 0's margins are not finite numbers"),  # as 1e400 reads
+    "huge_level": (crafted_report(description_with(interval_level=-10**400)),
+                   "its interval level is not a number between 0 and 1"),
     "string_margin": (crafted_report(description_with(pair_m_counterfactual="1")),
                       "its pair 0's margins are not finite numbers"),
     "no_pronoun": (crafted_report(description_with(pair_pronoun=None)),
@@ -303,18 +335,28 @@ def strip(browser) -> list[tuple[str, str]]:
     """(token, effect as shown) of each position of the patching strip."""
     return [tuple(x) for x in browser.execute_script(
         "return [...document.querySelectorAll('#patch-strip .patch-token')]"
-        ".map(s => [s.textContent, s.dataset.effect])")]
+        ".map(s => [s.dataset.token, s.dataset.effect])")]
 
 
 @pytest.mark.slow
 def test_the_tab_shows_patching_beside_attention_and_both_grids_select_one_head(
         patching_server, browser, tmp_path):
     tab.open_tab(browser, patching_server)
-    assert browser.execute_script(
-        "return document.querySelector('#text-select').selectedOptions[0].text"
-    ) == "probe · patching/pair_000"
+    # texts named by what they hold; the probe's pairs are one entry, each pair by its sentence
+    assert tab.option_labels(browser) == [
+        ["train", "inspect", '"Tom and Ann ran. He fell. She saw it." (inspected)'],
+        ["probe", "probe", '"Lily saw Tom. She" (probe pair 1 of 2)']]
+    tab.choose_text(browser, "probe", kind="probe")
+    assert tab.js(browser, "[...document.querySelectorAll('#pair-select option')]"
+                           ".map(o => o.text)") == ["1. Lily saw Tom. She",
+                                                    "2. Ann ran. She (patching only)"]
 
-    # on load, without a click: the first pronoun selected, its attention row shaded (word level)
+    # opened on the head with the largest patching effect, its first pronoun selected and its
+    # attention row shaded (word level), without a click
+    effects, intervals, _ = report_arrays()
+    layer, head = np.unravel_index(np.nanargmax(effects), effects.shape)
+    assert browser.find_element("id", "head-why").text.startswith(
+        f"Opened on layer {layer} head {head}: the head whose patching carries the most")
     she = TEXT.index("She")
     assert browser.execute_script(
         "return [...document.querySelectorAll('#tokens .token.query')].map(s => +s.dataset.i)"
@@ -322,14 +364,13 @@ def test_the_tab_shows_patching_beside_attention_and_both_grids_select_one_head(
     weights, token_words = capture().weights, capture().token_words
     words = word_level(weights.astype(np.float64), token_words, max(token_words) + 1)
     p = token_words[she]
-    expected = {t: words[0, 0, p, w] for t, w in enumerate(token_words) if 0 <= w <= p}
+    expected = {t: words[layer, head, p, w] for t, w in enumerate(token_words) if 0 <= w <= p}
     shaded = tab.shading(browser)
     assert shaded.keys() == expected.keys()
     np.testing.assert_allclose([shaded[t] for t in expected], list(expected.values()), atol=2e-4)
     assert browser.find_elements("css selector", ".best-per-head")  # the attention grid
 
     # the patching grid: one cell per head, the value shown, its interval in the tooltip
-    effects, intervals, _ = report_arrays()
     cells = browser.find_elements("css selector", ".patch-grid td")
     assert len(cells) == N_LAYER * N_HEAD
     cell = browser.find_element("css selector", ".patch-grid td[data-layer='1'][data-head='0']")
@@ -341,10 +382,13 @@ def test_the_tab_shows_patching_beside_attention_and_both_grids_select_one_head(
                                      ".patch-grid td[data-layer='1'][data-head='2']")
     assert undefined.get_attribute("data-effect") == "undefined"
     assert selected_cells(browser, "patch-grid") == selected_cells(browser, "best-per-head") == [
-        (0, 0)]
+        (layer, head)]
+    # its legend: 0, no effect, the baseline between the two directions
+    assert browser.find_element("css selector", ".patch-grid + .legend .baseline").text == \
+        "0: none"
 
     # clicking a head in the patching grid selects it in the attention grid, and the strip of
-    # its effect per position is pair 0's, over its clean tokens
+    # its effect per position is pair 1's, over its clean tokens, each effect written under
     cell.click()
     assert browser.find_element("id", "layer-select").get_attribute("value") == "1"
     assert browser.find_element("id", "head-select").get_attribute("value") == "0"
@@ -358,9 +402,17 @@ def test_the_tab_shows_patching_beside_attention_and_both_grids_select_one_head(
     assert strip(browser) == expected_strip(0, 0, 2)
     browser.save_screenshot(str(tmp_path / "patching.png"))
 
+    # one pair picker: pair 2 moves the strip and the text, which tinylm-probe did not write
     tab.choose(browser, "pair-select", 1)
-    tab.wait_for(lambda: len(strip(browser)) == len(CLEAN[1]), 10, "pair 1's strip")
+    tab.wait_for(lambda: len(strip(browser)) == len(CLEAN[1]), 10, "pair 2's strip")
     assert strip(browser) == expected_strip(1, 0, 2)
+    assert tab.js(browser, "document.getElementById('text-select').selectedOptions[0].text") \
+        == '"Ann ran. She" (probe pair 2 of 2)'
+    assert not tab.tokens_shown(browser)
+    assert "pair 2 has its patching effects only" in browser.find_element("id", "note").text
+    tab.choose(browser, "pair-select", 0)
+    tab.wait_for(lambda: tab.tokens_shown(browser) == list(TEXT), 10, "pair 1's text")
+    assert strip(browser) == expected_strip(0, 0, 2)
 
     # a text of a run without patching opens on its first pronoun too, and names the run that has
     tab.choose_text(browser, "train")

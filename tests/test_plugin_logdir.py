@@ -26,9 +26,12 @@ from tinylm.inspection.tensorboard_plugin.plugin import (
     MAX_CHARS,
     MAX_HEADS,
     MAX_LAYERS,
+    SENTENCE_CHARS,
+    is_leftover,
     read_content,
 )
 from tinylm.inspection.tensorboard_plugin.summary import (
+    PROBE_READS,
     PROBE_TAG,
     attention_summary,
     probe_summary,
@@ -104,6 +107,8 @@ CRAFTED_DESCRIPTIONS = {
     "far_word": (lambda c: {**c, "token_words": [10**9, *c["token_words"][1:]]},
                  "its tokens and their words"),
     "far_pronoun": (lambda c: {**c, "pronouns": [10**9]}, "its pronouns are not word indices"),
+    "odd_kv_heads": (lambda c: {**c, "kv_heads": [2, 3]}, "its kv_heads are not 2 counts"),
+    "kv_heads_text": (lambda c: {**c, "kv_heads": "x" * 100_000}, "its kv_heads are not 2 counts"),
 }
 # name: (a new tensor, the reason /weights skips it); their descriptions are whole
 CRAFTED_TENSORS = {
@@ -116,10 +121,12 @@ CRAFTED_TENSORS = {
                     "its weights cannot be decoded"),
     "strings": (STRINGS, f"its weights are not 2 x 2 x {T} x {T} numbers"),
 }
-# served, cut to what the tab reads: a text of 200,000 words, a NaN in a field the tab ignores
+# served, cut to what the tab reads: a text of 200,000 words, a NaN in a field the tab ignores;
+# and served with it, both heads of each layer sharing one key/value head
 SERVED = {"long_text": lambda c: {**c, "text": TEXT + " word" * 200_000,
                                   "words": c["words"] + ["word"] * 200_000},
-          "nan_elsewhere": lambda c: {**c, "loss": float("nan"), "more": [float("inf")]}}
+          "nan_elsewhere": lambda c: {**c, "loss": float("nan"), "more": [float("inf")]},
+          "shared_kv_heads": lambda c: {**c, "kv_heads": [1, 1]}}
 
 GOOD_REPORT = {"n": 3, "heads": [{"layer": layer, "head": head, "accuracy": (layer + head) / 4}
                                  for layer in range(2) for head in range(2)]}
@@ -160,6 +167,12 @@ CRAFTED_PROBES = {
     "short_bytes": (probe_with(tensor=half_tensor((10**6, 10**6), b"\x00" * 10)),
                     "its accuracies cannot be decoded"),
     "strings": (probe_with(tensor=STRINGS), GRID),
+    "far_chance": (probe_with(lambda c: {**c, "chance": 1.5}),
+                   "its chance level is not between 0 and 1"),
+    "huge_chance": (probe_with(lambda c: {**c, "chance": 10**400}),  # no OverflowError
+                    "its chance level is not between 0 and 1"),
+    "long_reads": (probe_with(lambda c: {**c, "reads": "x" * 100_000}),
+                   "what it reads is not a text of at most"),
 }
 OUT_OF_LOGDIR = "its folder resolves outside the logdir: not served"
 
@@ -211,11 +224,20 @@ def make_probe_runs(runs, outside) -> None:
     os.symlink(outside / "probe_run", runs / "out")
 
 
+# Folders that writers killed mid-write leave behind, each holding a good text and probe report:
+# never runs of the tab
+LEFTOVERS = [".good.tmp-4242-0a1b2c3d", ".good.old-4242-0a1b2c3d", "probe_runs/.out.tmp-7-ff",
+             ".hidden/run", "export.tmp", "good/.sample.tmp-1-aa"]
+
+
 def make_logdir(root):
     """The logdir: runs good (one text), crafted (every crafted summary), linked (a link to a run
-    folder outside the logdir), probe_runs/<case> and probes/<case>/probe.json files."""
+    folder outside the logdir), probe_runs/<case> and probes/<case>/probe.json files, and the
+    LEFTOVERS of killed writers."""
     logdir, outside = root / "logs", root / "elsewhere"
     write_run(logdir / "good", [crafted("story")])
+    for leftover in LEFTOVERS:
+        write_run(logdir / leftover, [crafted("story"), probe_with()])
     write_run(logdir / "crafted", [
         *(crafted(name, description) for name, (description, _) in CRAFTED_DESCRIPTIONS.items()),
         *(crafted(name, tensor=tensor) for name, (tensor, _) in CRAFTED_TENSORS.items()),
@@ -248,12 +270,16 @@ def strict_json(text):
 def attention_bound(t: int) -> int:
     """The most bytes /attention may answer for T tokens: T tokens and at most T words of
     MAX_CHARS characters (12 bytes each at worst, as JSON escapes a character outside the BMP),
-    a word index per token, pronouns and names among the words, a name and a note."""
-    return (2 * t + 2) * (12 * MAX_CHARS + 4) + 3 * t * 8 + 300
+    a word index per token, pronouns, names and the pronouns read against names among the words
+    and the gendered ones (at most T), a name and a note, and each layer's key/value heads."""
+    return (2 * t + 2) * (12 * MAX_CHARS + 4) + 5 * t * 8 + 400
 
 
-# the most bytes one probe report or problem may take: a MAX_LAYERS x MAX_HEADS grid of numbers
-PROBE_BOUND = MAX_LAYERS * MAX_HEADS * 26 + 1000
+# the most bytes one probe report or problem may take: a MAX_LAYERS x MAX_HEADS grid of numbers,
+# what it reads (4 * MAX_CHARS characters), its run twice
+PROBE_BOUND = MAX_LAYERS * MAX_HEADS * 26 + 12 * 4 * MAX_CHARS + 1000
+# the most bytes /texts may take per text listed: its run twice, name, kind, steps and sentence
+TEXT_BOUND = 500 + 12 * SENTENCE_CHARS
 N_PROBE_RUNS = len(CRAFTED_PROBES) + 2  # and good, out
 
 
@@ -278,7 +304,7 @@ def every_route(get) -> dict:
         answers[route], size[route] = strict_json(body), len(body)
     texts = answers["texts"]
     # a few hundred bytes per text or problem listed; at most a grid per probe file
-    assert size["texts"] <= 500 * (len(texts["problems"]) + len(texts["texts"]))
+    assert size["texts"] <= 500 * len(texts["problems"]) + TEXT_BOUND * len(texts["texts"])
     assert size["probes"] <= PROBE_BOUND * N_PROBE_RUNS
     for route in ("index.js", "style.css"):
         assert answer(get, f"{ROUTE}/{route}")[0] == 200
@@ -293,7 +319,7 @@ def every_route(get) -> dict:
         status, body = answer(get, f"{ROUTE}/weights?{query}")
         assert status == 200 and len(body) <= 2 * N_LAYER * N_HEAD * T * T, (run, tag)
         answers["weights", run, tag] = body
-    for run in ("../elsewhere/run", "/etc", "linked/../../elsewhere/run"):
+    for run in ("../elsewhere/run", "/etc", "linked/../../elsewhere/run", *LEFTOVERS):
         query = urllib.parse.urlencode({"run": run, "tag": step_tag("story", 0)})
         for route in ("attention", "weights"):
             status, body = answer(get, f"{ROUTE}/{route}?{query}")
@@ -306,6 +332,13 @@ def check_answers(answers) -> None:
     texts = answers["texts"]
     assert sorted((t["run"], t["name"]) for t in texts["texts"]) == sorted(
         [("good", "story")] + [("crafted", name) for name in [*CRAFTED_TENSORS, *SERVED]])
+    # each named by what it holds: the start of its text, and who wrote it
+    good_text = next(t for t in texts["texts"] if t["run"] == "good")
+    assert (good_text["sentence"], good_text["kind"], good_text["run_label"]) == (
+        TEXT, "inspect", "good")
+    long_text = next(t for t in texts["texts"] if t["name"] == "long_text")
+    assert len(long_text["sentence"]) == SENTENCE_CHARS and long_text["sentence"].endswith("…")
+    # a killed writer's leftover folder is no run: neither listed nor skipped
     # the bad event files beside "good" hold no summaries: nothing to list
     problems = {(p["run"], p.get("tag")): p["message"] for p in texts["problems"]}
     expected = {("crafted", step_tag(name, 0)): f"{step_tag(name, 0)}: {why}"
@@ -319,6 +352,9 @@ def check_answers(answers) -> None:
     good = answers["attention", "good", step_tag("story", 0)]
     assert good["tokens"] == list(TEXT) and good["words"] == ["Lily", "saw", "Tom", "She", "ran"]
     assert [good["words"][w] for w in good["pronouns"]] == ["She"]
+    # written without key/value heads (tinylm's own models, older data): every head has its own
+    assert good["kv_heads"] == [N_HEAD] * N_LAYER
+    assert answers["attention", "crafted", step_tag("shared_kv_heads", 0)]["kv_heads"] == [1, 1]
     assert answers["attention", "crafted", step_tag("long_text", 0)]["words"] == good["words"]
     assert "loss" not in answers["attention", "crafted", step_tag("nan_elsewhere", 0)]
     weights = np.frombuffer(answers["weights", "good", step_tag("story", 0)], "<f2")
@@ -339,8 +375,9 @@ def check_answers(answers) -> None:
 
     # the probe.json files under probes/ are never opened: only summaries are reports
     probes = answers["probes"]
-    assert probes["reports"] == [{"run": "probe_runs/good", "n": 3,
-                                  "accuracy": [[0.0, 0.25], [0.25, 0.5]]}]
+    assert probes["reports"] == [{"run": "probe_runs/good", "run_label": "probe_runs/good", "n": 3,
+                                  "accuracy": [[0.0, 0.25], [0.25, 0.5]], "chance": 0.5,
+                                  "reads": PROBE_READS}]
     skipped = {p["run"]: p["message"] for p in probes["problems"]}
     assert all(p["tag"] == PROBE_TAG for p in probes["problems"])
     assert skipped.keys() == {f"probe_runs/{case}" for case in [*CRAFTED_PROBES, "out"]}
@@ -357,6 +394,14 @@ def crafted_app(tmp_path_factory):
     client = tab.in_process_app(logdir)
     add_bad_event_files(logdir / "good", root / "elsewhere")
     return client
+
+
+def test_a_killed_writers_leftover_folder_is_no_run():
+    for run in LEFTOVERS + [".out.tmp-123-abcdef01", "runs\\.x.tmp-1-ab", "a/b.tmp", ".git/x"]:
+        assert is_leftover(run), run
+    for run in [".", "good", "probe/2026-12-01_07-48-40", "tmpdir", "a.tmpl", "my.temp/x",
+                "inspect/2026_tmp"]:
+        assert not is_leftover(run), run
 
 
 def test_every_route_answers_strict_bounded_json_and_lists_what_it_skipped(crafted_app):
@@ -376,7 +421,7 @@ def test_the_largest_description_of_gpt2s_shape_is_served_within_the_stated_boun
                    "token_words": list(range(t)), "pronouns": list(range(t)),
                    "names": list(range(t)), "window_note": longest}
     served = json.dumps(read_content(json.dumps(description)), allow_nan=False)
-    assert attention_bound(t) - 2000 < len(served) <= attention_bound(t) == 796_980
+    assert attention_bound(t) - 4200 < len(served) <= attention_bound(t) == 799_128
     assert 2 * 12 * 12 * t * t == 4_718_592  # its weights, float16
 
 
@@ -443,8 +488,10 @@ def test_the_tab_says_what_it_skipped_and_draws_the_first_text_it_can(crafted_se
                in lines)
     assert not any("probe.json" in line or "tfevents" in line for line in lines), lines
     drawn = browser.execute_script(
-        "return document.querySelector('#text-select').selectedOptions[0].text")
-    assert drawn == f"crafted · {second}"
+        "const o = document.querySelector('#text-select').selectedOptions[0];"
+        "return [o.dataset.run, o.dataset.name, o.text]")
+    assert drawn[:2] == ["crafted", second] and drawn[2].startswith(f'"{TEXT}')
+    assert "(inspected)" in drawn[2]
     assert len(browser.find_elements("css selector", "#tokens .token")) == T
     tab.choose_text(browser, "good")
     assert browser.find_element("css selector", ".probe-grid td[data-layer='1'][data-head='1']"

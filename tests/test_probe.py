@@ -23,7 +23,9 @@ import tinylm.inspection.probe_types
 from tinylm.cli.probe import ProbeConfig, run_probe
 from tinylm.files import project_root
 from tinylm.inspection.capture import NAMES, find_words
+from tinylm.inspection.patching import PatchingResult, PatchPair
 from tinylm.inspection.probe import (
+    MEAN_ABLATION,
     ablate_heads,
     agreement_margins,
     attention_to_mentions,
@@ -36,6 +38,7 @@ from tinylm.inspection.probe import (
     word_log_probs,
 )
 from tinylm.inspection.probe_items import (
+    SHIPPED_PROBES,
     EncodedAgreementItem,
     EncodedAttentionItem,
     ProbeFileError,
@@ -47,6 +50,7 @@ from tinylm.inspection.probe_types import (
     PROBE_TYPES,
     Agreement,
     Deciding,
+    Patching,
     ProbeType,
     load_probe_file,
     parse_item,
@@ -270,8 +274,6 @@ def test_deciding_attention_is_read_from_the_token_before_the_pronoun():
     assert lily[0, 0] == pytest.approx(0.3) and tom[0, 0] == pytest.approx(0.6)
     resolving = attention_to_mentions(weights, token_words, 4, 3, [0])
     assert resolving[0, 0] == pytest.approx(1.0)
-    with pytest.raises(ValueError, match="first token"):  # nothing before it decides it
-        attention_to_mentions(weights[..., 5:, 5:], [3, 3], 4, 3, [0], "deciding")
 
 
 def test_prediction_match_compares_signs_and_correlates_the_two_sides():
@@ -515,6 +517,28 @@ def test_the_ablation_table_lines_up_its_columns_under_their_titles():
         "      1     0          -0.377        -0.02        +1.605       0.92"]
 
 
+def test_results_that_cannot_say_much_say_why_in_one_line():
+    # mean-ablation over one item: each head's mean output is its own, nothing moves
+    same = [{"layer": 0, "head": 0, "mean_margin": 1.0, "accuracy": 1.0, "delta_mean_margin": 0.0,
+             "delta_accuracy": 0.0}]
+    one = Agreement([None], torch.tensor([1.0]), MEAN_ABLATION, same, same).console(1, 1, 5)
+    assert one[-1] == ("note: one item, so each head's mean output is its own output there and "
+                       "mean-ablation moves (almost) nothing; give more agreement items")
+    assert not any("note" in line for line in Agreement(
+        [None, None], torch.tensor([1.0, 2.0]), MEAN_ABLATION, same, same).console(1, 1, 5))
+    # one pair whose partner (of the same gender) moves m by 0.018 nats
+    result = PatchingResult([PatchPair("a", [1, 2], [3, 2], (4, 5))], [], np.array([1.0]),
+                            np.array([1.018]), np.array([[[[1.0, 1.009]]]]), np.array([[[1.009]]]),
+                            "exact")
+    lines = Patching(result, [], [["A", "."]], [["s", "h"]]).console(1, 1, 5)
+    assert lines[2:5] == [
+        "the name moves m by +0.018 on average (clean +1.000, counterfactual +1.018 nats)",
+        "warning: under 0.1 nats, every effect below is a ratio over noise: the model barely "
+        "tells the names apart, or the partners share their gender",
+        "note: one pair, so the bootstrap intervals (which resample the pairs) have no width; "
+        "patch more pairs for an interval"]
+
+
 def test_probe_yaml_and_config_dataclass_have_the_same_keys():
     cfg = compose("probe", ["checkpoint=x", "ablate=true",
                             "probe_file=data/probes/agreement.jsonl"])
@@ -524,15 +548,47 @@ def test_probe_yaml_and_config_dataclass_have_the_same_keys():
     assert ProbeConfig().probe_file is None
 
 
-def test_nothing_is_written_when_an_item_fails(run_dir, tmp_path):
+def test_items_the_model_cannot_read_are_skipped_and_counted(run_dir, bpe, tmp_path, capsys):
+    """A small-context model (block 128 here; Tiny Shakespeare's is 64 characters) scores the
+    items that fit, and says how many it skipped, in the console and in probe.json; so does a
+    character model on a character it never saw."""
     path = tmp_path / "long.jsonl"
-    text = "Lily went to the park. " + "The sun was hot. " * 60 + "She sat."
-    path.write_text(json.dumps(item(text, "She", ["Lily"], wrong="he")) + "\n")
-    cfg = ProbeConfig(checkpoint=str(run_dir), probe_file=str(path), out=str(tmp_path / "o.json"),
-                      logdir=str(tmp_path / "tb"), ablate=True)
-    with pytest.raises(ProbeFileError, match=f"{path}, line 1: .*longer than the model's block"):
-        run_probe(cfg)
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["long.jsonl"]
+    long = "Lily went to the park. " + "The sun was hot. " * 60 + "She sat."
+    lines = [item(long, "She", ["Lily"], wrong="he"), item("Tom ran. He sat.", "He", ["Tom"],
+                                                          wrong="she"),
+             item("Lily and Tom ran. " + long, ("She", 0), ["Lily"], ["Tom"])]
+    path.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    report = run_probe(ProbeConfig(checkpoint=str(run_dir), probe_file=str(path),
+                                   logdir=str(tmp_path / "tb"), ablate=True))
+    n_long = len(bpe.encode(long[:long.index("She")] + "She"))
+    assert report["agreement"]["n"] == 1 and report["n"] == 0 and len(report["ablation"]) == 4
+    assert report["n_skipped_items"] == 2 and report["skipped_items"][0] == {
+        "source": f"{path}, line 1", "reason": f"the text up to the pronoun is {n_long} tokens, "
+        "longer than the model's block_size=128"}
+    assert report["skipped_items"][1]["source"] == f"{path}, line 3"
+    assert capsys.readouterr().out.splitlines()[0] == (
+        f"2 probe items skipped: the model cannot read them (the first: {path}, line 1: the "
+        f"text up to the pronoun is {n_long} tokens, longer than the model's block_size=128); "
+        "probe.json lists each under skipped_items")
+    assert json.loads((tmp_path / "tb" / "probe.json").read_text()) == report
+
+
+def test_a_character_model_of_a_small_context_probes_the_shipped_sets(tiny_model):
+    """Tiny Shakespeare's shape (characters, block 64): the items longer than the context are
+    skipped and counted, and patching compares the first characters where the pronouns differ
+    ("s" and "h" after the space " she" and " he" begin with, read in both texts)."""
+    items = [i for name in SHIPPED_PROBES for i in load_probe_file(PROBES / name)]
+    chars = CharTokenizer.train([i.text for i in items] + [i.counterfactual or "" for i in items])
+    report = probe(tiny_model(chars.vocab_size, block_size=64), chars, items, patch="exact")
+    written = report.to_json()
+    reasons = {s["reason"].split(" tokens, ")[1] for s in written["skipped_items"]}
+    assert written["n_skipped_items"] > 0 and reasons == {"longer than the model's block_size=64"}
+    assert written["agreement"]["n"] + written["n"] + written["n_skipped_items"] == len(items)
+    pairs = written["patching"]["pairs"]
+    assert len(pairs) > 50
+    assert {(chars.decode(p["clean_ids"][-p["shared"]:]), chars.decode(p["target_ids"]))
+            for p in pairs} == {(" ", "sh"), (" ", "hs"), (" ", "SH"), (" ", "HS"),
+                                (" h", "ei"), (" h", "ie"), (" H", "ei"), (" H", "ie")}
 
 
 def test_a_batch_that_cannot_be_held_is_refused_before_any_work(run_dir, bpe, tmp_path,

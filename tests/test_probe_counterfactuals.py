@@ -36,8 +36,6 @@ def test_a_text_partner_becomes_an_agreement_item_with_its_own_pronoun(tmp_path)
     assert partner.text == JACK and partner.kind == "agreement"
     assert partner.pronoun == "he" and partner.wrong_pronoun == "she"  # the item's own pronoun
     assert partner.antecedent_chars == [0] and partner.source == f"{path}, line 1 (counterfactual)"
-    with pytest.raises(ProbeFileError, match=f"^{path}, line 2: the item has no counterfactual"):
-        counterfactual_item(plain)
     # a partner whose name is longer moves its words: the mentions follow the word indices
     longer = "One day, Timmy went out. Then he saw a dog."
     item = load_probe_file(write(tmp_path / "q.jsonl", {
@@ -51,6 +49,16 @@ def test_a_text_partner_becomes_an_agreement_item_with_its_own_pronoun(tmp_path)
     encoded = encode_agreement_item(tok, partner, 64)
     assert tok.decode(encoded.written[:encoded.n_context]) == "One day, Timmy went out. Then"
     assert tok.decode(encoded.wrong[encoded.n_context:]) == " she"
+
+
+def test_a_name_with_a_combining_accent_is_one_word_and_its_partner_is_kept(tmp_path):
+    amelie = "Ame\u0301lie's dog ran. After a while, she sat."  # é as e and a combining acute
+    assert [amelie[s:e] for s, e in find_words(amelie)][:2] == ["Ame\u0301lie's", "dog"]
+    path = write(tmp_path / "p.jsonl", {
+        "text": amelie, "pronoun_char": amelie.index("she"), "antecedent_chars": [0],
+        "wrong_pronoun": "he", "counterfactual": "Jack's dog ran. After a while, he sat."})
+    partner = counterfactual_item(load_probe_file(path)[0])
+    assert partner.pronoun == "he" and partner.antecedent_chars == [0]
 
 
 def test_a_partner_named_by_id_is_that_lines_text_before_or_after_it(tmp_path):

@@ -3,17 +3,22 @@ that serves it (and nothing else), and the tab itself in headless Chromium again
 tensorboard server.
 """
 
+import dataclasses
+import io
 import json
 import os
+import re
 import shutil
 import time
 import urllib.error
 import urllib.parse
 import urllib.request
+from pathlib import Path
 
 import numpy as np
 import pytest
 from helpers import STARTUP_TIMEOUT_S, run_config, tensorboard_server
+from PIL import Image
 from tensorboard.backend import application
 from tensorboard.backend.event_processing import data_provider as tb_data_provider
 from tensorboard.backend.event_processing import plugin_event_multiplexer
@@ -23,8 +28,11 @@ from tensorboard.util import tensor_util
 from torch.utils.tensorboard import SummaryWriter
 from werkzeug.test import Client
 
+from tinylm.checkpoint import load_checkpoint
 from tinylm.cli.probe import ProbeConfig, run_probe
 from tinylm.inspection.capture import (
+    FEMALE_NAMES,
+    MALE_NAMES,
     AttentionCapture,
     capture_attention,
     find_words,
@@ -35,8 +43,10 @@ from tinylm.inspection.report import inspect_texts
 from tinylm.inspection.tensorboard_plugin import PLUGIN_NAME
 from tinylm.inspection.tensorboard_plugin.plugin import HOW_TO_MAKE_DATA, AttentionPlugin
 from tinylm.inspection.tensorboard_plugin.summary import (
+    PROBE_READS,
     PROBE_TAG,
     attention_summary,
+    probe_summary,
     step_tag,
     write_attention,
     write_probe,
@@ -151,8 +161,9 @@ def test_older_data_is_named_by_run_and_tag_and_a_truncated_event_file_shows_its
     writer.file_writer.add_summary(old, 0)
     writer.close()
     writer = SummaryWriter(str(tmp_path / "cut"))
-    write_attention(writer, "inspect", capture, 0)
-    write_attention(writer, "inspect", capture, 1)
+    bare = dataclasses.replace(capture, arithmetic=None)  # the attention is the last record
+    write_attention(writer, "inspect", bare, 0)
+    write_attention(writer, "inspect", bare, 1)
     writer.close()
     (event_file,) = (tmp_path / "cut").iterdir()
     event_file.write_bytes(event_file.read_bytes()[:-100])  # a crash in the middle of a record
@@ -175,8 +186,24 @@ def test_a_probe_report_is_served_from_its_summary_with_its_run(tmp_path):
     writer = SummaryWriter(str(tmp_path / "run" / "probe"))
     write_probe(writer, 72, accuracy)
     writer.close()
-    assert in_process_app(tmp_path).get(f"{ROUTE}/probes").json == {
-        "reports": [{"run": "run/probe", "n": 72, "accuracy": accuracy.tolist()}],
+    # another probe's: three characters to choose from
+    writer = SummaryWriter(str(tmp_path / "run" / "three"))
+    write_probe(writer, 9, accuracy, chance=1 / 3, reads="attention from the pronoun to one of "
+                "three characters")
+    writer.close()
+    # written before the summary said its chance: the two-character items' 0.5
+    old = probe_summary(5, accuracy)
+    old.value[0].metadata.plugin_data.content = json.dumps({"version": 1, "n": 5}).encode()
+    writer = SummaryWriter(str(tmp_path / "old"))
+    writer.file_writer.add_summary(old, 0)
+    writer.close()
+    assert in_process_app(tmp_path).get(f"{ROUTE}/probes").json == {"reports": [
+        {"run": "old", "run_label": "old", "n": 5, "accuracy": accuracy.tolist(), "chance": 0.5,
+         "reads": PROBE_READS},
+        {"run": "run/probe", "run_label": "run/probe", "n": 72, "accuracy": accuracy.tolist(),
+         "chance": 0.5, "reads": PROBE_READS},
+        {"run": "run/three", "run_label": "run/three", "n": 9, "accuracy": accuracy.tolist(),
+         "chance": 1 / 3, "reads": "attention from the pronoun to one of three characters"}],
         "problems": []}
 
 
@@ -212,6 +239,14 @@ def test_requests_can_name_only_tinylm_runs_never_a_path(tmp_path, char_capture)
 # ------------------------------------------------------------------------------- the browser
 
 
+def tensorboard_get(base):
+    """get(route): the plugin's JSON answer to a route of a running TensorBoard."""
+    def get(route):
+        with urllib.request.urlopen(f"{base}{ROUTE}/{route}", timeout=10) as response:
+            return json.loads(response.read())
+    return get
+
+
 def wait_for(condition, timeout, what):
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -222,24 +257,37 @@ def wait_for(condition, timeout, what):
     raise AssertionError(f"timed out waiting for {what}")
 
 
+LESSON = "Lily had a dog. It was happy. Tom saw her. She"  # a thing, a name of each gender
+
+
 @pytest.fixture(scope="module")
 def logdir(corpus, tmp_path_factory, char_capture):
-    """A trained tiny run with a probe report, a 128-token and a 512-token text."""
+    """A trained tiny run with a probe report (with activation patching) and an inspected text,
+    a 128-token and a 512-token text, and a text of a model whose query heads share key/value
+    heads in pairs."""
     root = tmp_path_factory.mktemp("tensorboard")
     train_dir = root / "train"
     train(run_config(corpus, train_dir, "model.block_size=64", "train.max_steps=20",
                      "train.probe_prompt='Lily and Tom went to the park. She'"))
     probes = root / "probes.jsonl"
-    with open(os.path.join(os.path.dirname(__file__), "..", "data", "probes",
-                           "pronouns.jsonl")) as f:
-        probes.write_text("".join(f.readlines()[:8]))
-    run_probe(ProbeConfig(checkpoint=str(train_dir), probe_file=str(probes),
-                          logdir=str(train_dir / "probe"), device="cpu"), out=open(os.devnull, "w"))
+    shipped = os.path.join(os.path.dirname(__file__), "..", "data", "probes")
+    with open(os.path.join(shipped, "pronouns.jsonl")) as f, \
+            open(os.path.join(shipped, "agreement.jsonl")) as g:
+        probes.write_text("".join(f.readlines()[:8] + g.readlines()[:24]))
+    with open(os.devnull, "w") as devnull:
+        run_probe(ProbeConfig(checkpoint=str(train_dir), probe_file=str(probes), patch=True,
+                              logdir=str(train_dir / "probe"), device="cpu"), out=devnull)
+    checkpoint = load_checkpoint(train_dir)
+    inspect_texts(checkpoint.model, checkpoint.tokenizer, [LESSON],
+                  train_dir / "inspect" / "lesson")
     text = (STORY * 8)[:600]
     # the default model's shape: 4 layers x 4 heads over 128 tokens
     write_text(root / "default_shape", "inspect", char_capture(text, 4, 4, 128))
     # 6 layers x 8 heads over 512 tokens, from a text longer than that
     write_text(root / "wide", "inspect", char_capture(text, 6, 8, 512))
+    # 2 layers x 4 heads, heads 0-1 reading key/value head 0 and heads 2-3 key/value head 1
+    write_text(root / "grouped", "inspect",
+               dataclasses.replace(char_capture(STORY, 2, 4, 64), kv_heads=[2, 2]))
     return root
 
 
@@ -255,7 +303,8 @@ def server(logdir, tmp_path_factory):
                     runs = {t["run"] for t in json.loads(response.read())["texts"]}
             except (urllib.error.URLError, ConnectionError):
                 return False
-            return runs == {"train/tensorboard", "default_shape", "wide"}
+            return runs == {"train/tensorboard", "train/probe", "train/inspect/lesson",
+                            "default_shape", "wide", "grouped"}
 
         wait_for(texts_loaded, STARTUP_TIMEOUT_S, "tensorboard to load the runs")
         yield base
@@ -288,6 +337,7 @@ def open_tab(browser, base):
     from selenium.webdriver.common.by import By
 
     browser.switch_to.default_content()
+    browser.get("about:blank")  # the same address again would not load the tab afresh
     browser.get(f"{base}/#{PLUGIN_NAME}")
     frame = wait_for(lambda: browser.find_elements(By.CSS_SELECTOR, "iframe"), 60, "the iframe")
     browser.switch_to.frame(frame[0])
@@ -302,18 +352,21 @@ def choose(browser, select_id, value):
     Select(browser.find_element("id", select_id)).select_by_value(str(value))
 
 
-def choose_text(browser, run, step=None):
-    """Pick a text (and a step of it); returns the ms the tab took to fetch and draw it."""
+def choose_text(browser, run, step=None, kind=None, pair=None):
+    """Pick a text of a run (of a kind: inspect, training, probe), a step of it or a pair of its
+    patching report; returns the ms the tab took to fetch and draw it."""
     def picked(select_id, value):
         browser.execute_script("window.tinylmTiming.textLoadMs = null")
         choose(browser, select_id, value)
         return wait_for(lambda: browser.execute_script("return window.tinylmTiming.textLoadMs"),
                         30, f"the text of {run}")
 
-    options = browser.execute_script(
-        "return [...document.querySelectorAll('#text-select option')].map(o => o.text)")
-    ms = picked("text-select", next(i for i, label in enumerate(options)
-                                    if label.startswith(f"{run} ·")))
+    options = browser.execute_script("return [...document.querySelectorAll('#text-select "
+                                     "option')].map(o => [o.dataset.run, o.dataset.kind])")
+    ms = picked("text-select", next(i for i, (r, k) in enumerate(options)
+                                    if r == run and kind in (None, k)))
+    if pair is not None:
+        ms = picked("pair-select", pair)
     if step is not None and browser.find_element("id", "step-select").get_attribute(
             "value") != str(step):
         ms = picked("step-select", step)
@@ -412,8 +465,8 @@ def test_the_tab_loads_a_128_token_text_in_under_a_second_and_redraws_512_tokens
         server, browser, capsys):
     open_tab(browser, server)
     first_text = browser.execute_script(
-        "return document.querySelector('#text-select option').text")
-    assert first_text == "default_shape · inspect"  # the page opened on the 128-token text
+        "return document.querySelector('#text-select option').dataset.run")
+    assert first_text == "default_shape"  # the page opened on the 128-token text
     page_ms = browser.execute_script("return window.tinylmTiming.firstDrawMs")
     choose_text(browser, "wide")
     text_ms = choose_text(browser, "default_shape")
@@ -449,3 +502,291 @@ def test_the_tab_loads_a_128_token_text_in_under_a_second_and_redraws_512_tokens
                   f"max {max(ms):.1f} ms over {len(ms)}")
     assert page_ms < 1000 and text_ms < 1000
     assert all(np.median(ms) < 100 for ms in redraws.values()), redraws
+
+
+@pytest.mark.slow
+def test_the_tab_labels_each_head_with_the_key_value_head_it_shares(server, browser):
+    open_tab(browser, server)
+    labels = "return [...document.querySelectorAll('#head-select option')].map(o => o.text)"
+    choose_text(browser, "grouped")
+    assert browser.execute_script(labels) == [
+        "head 0 (KV 0)", "head 1 (KV 0)", "head 2 (KV 1)", "head 3 (KV 1)", "all heads"]
+    assert browser.find_element("id", "note").text.endswith(  # after the window's note
+        "Grouped-query attention, in every layer: heads 0-1 share key/value head 0, heads 2-3 "
+        "share key/value head 1.")
+    choose(browser, "head-select", "all")
+    assert [row.text for row in browser.find_elements(
+        "css selector", "#heads .head-row[data-head]")] == [
+        "H0 (KV 0)", "H1 (KV 0)", "H2 (KV 1)", "H3 (KV 1)"]
+    choose(browser, "head-select", 3)
+    hover(browser, STORY.index("She"))  # the pronoun's panel: its lists and layer x head table
+    assert browser.find_element("css selector", "#pronoun b").text == (
+        "L0 H3 (KV 1) from the pronoun")
+    assert [th.text for th in browser.find_elements("css selector", ".best-per-head th")][1:5] \
+        == ["H0 (KV 0)", "H1 (KV 0)", "H2 (KV 1)", "H3 (KV 1)"]
+
+    choose_text(browser, "default_shape")  # each head its own: labelled as before, no such note
+    assert browser.execute_script(labels) == [*(f"head {h}" for h in range(4)), "all heads"]
+    assert "key/value" not in browser.find_element("id", "note").text
+
+
+# ------------------------------------------------------------------------ what a class sees
+
+PERSON_PRONOUNS = {"he", "him", "his", "she", "her", "they", "them", "their"}
+SHOTS_BYTES = 150_000  # each screenshot kept for docs/ stays under this
+
+
+@pytest.fixture(scope="module")
+def views_server(request, tmp_path_factory):
+    """The tab the class views are taken on: over $TINYLM_TAB_LOGDIR where it is set (a trained
+    run after tinylm-probe patch=true and inspect=true: scripts/tab_screenshots.py sets it to
+    take docs/'s pictures), else the tiny trained run's (`server`)."""
+    logdir = os.environ.get("TINYLM_TAB_LOGDIR")
+    if not logdir:
+        yield request.getfixturevalue("server")
+        return
+    log = tmp_path_factory.mktemp("views") / "tensorboard.log"
+    with tensorboard_server(logdir, log) as (process, base):
+        def loaded():
+            assert process.poll() is None, log.read_text(errors="replace")
+            try:
+                get = urllib.request.urlopen
+                with get(f"{base}{ROUTE}/texts", timeout=10) as texts, \
+                        get(f"{base}{ROUTE}/patching", timeout=10) as patching:
+                    return json.loads(texts.read())["texts"] and json.loads(
+                        patching.read())["reports"]
+            except (urllib.error.URLError, ConnectionError):
+                return False
+
+        wait_for(loaded, STARTUP_TIMEOUT_S, "tensorboard to load the lesson's logdir")
+        time.sleep(2)  # the runs load one after another: let the last ones arrive
+        yield base
+
+
+def screenshot(browser, path):
+    """The browser's window as a PNG of 256 colours (the tab has few: an octree keeps each
+    legend's hues), small enough for docs/; once the arithmetic panel shows the weight asked."""
+    wait_for(lambda: not browser.find_elements("css selector", "#arithmetic.stale"), 20,
+             "the arithmetic panel")
+    time.sleep(0.2)  # the last frame painted
+    image = Image.open(io.BytesIO(browser.get_screenshot_as_png())).convert("RGB")
+    image.quantize(colors=256, method=Image.Quantize.FASTOCTREE,
+                   dither=Image.Dither.NONE).save(path, optimize=True)
+    assert path.stat().st_size < SHOTS_BYTES, (path, path.stat().st_size)
+
+
+def js(browser, script):
+    """The value of a JavaScript expression in the tab."""
+    return browser.execute_script(f"return {script.strip()}")
+
+
+def legends(browser) -> dict:
+    """{table class: (its legend's baseline, caption)} of every layer x head grid drawn, and the
+    text's shading: each grid must be followed by a legend whose baseline is marked."""
+    return {name: (baseline, caption) for name, baseline, caption in js(browser, """
+        [...document.querySelectorAll('table.best-per-head, table.probe-grid, table.patch-grid, '
+                                      + '#shading')].map((t) => {
+          const legend = t.id === 'shading' ? t.querySelector('.legend') : t.nextElementSibling;
+          const ok = legend && legend.classList.contains('legend');
+          return [t.id || t.className, ok ? legend.querySelector('.baseline').textContent : null,
+                  ok ? legend.querySelector('.legend-caption').textContent : null];
+        })""")}
+
+
+def option_labels(browser):
+    return js(browser, "[...document.querySelectorAll('#text-select option')]"
+                       ".map(o => [o.dataset.run, o.dataset.kind, o.text])")
+
+
+def pronoun_words(browser) -> list[tuple[int, str]]:
+    """(first token, word) of each underlined pronoun; the underline is under its letters only
+    (" She" gets none under its space)."""
+    underlined = js(browser, "[...document.querySelectorAll('#tokens .token.pronoun')].map(s => "
+                             "[Number(s.dataset.i), s.querySelector('.word-part')?.textContent "
+                             "?? s.textContent, s.textContent])")
+    words, last = [], None
+    for i, letters, whole in underlined:
+        assert letters == whole.lstrip(), (letters, whole)
+        if last is None or i != last + 1:
+            words.append((i, ""))
+        words[-1], last = (words[-1][0], words[-1][1] + whole), i
+    return [(i, w.strip()) for i, w in words]
+
+
+def tokens_shown(browser):
+    return js(browser, "[...document.querySelectorAll('#tokens .token')].map(s => s.textContent)")
+
+
+@pytest.mark.slow
+def test_a_class_sees_every_view_named_with_its_legends_and_one_pair_picker(
+        views_server, browser, tmp_path):
+    """Each view a teacher projects, as a student must see it, screenshot by screenshot: the
+    landing on the head the evidence singles out, a pronoun selected, all heads, the patching grid
+    with a pair (one picker moving the text and the strip), the arithmetic behind one weight."""
+    shots = Path(os.environ.get("TINYLM_TAB_SCREENSHOTS") or tmp_path)
+    get = tensorboard_get(views_server)
+    texts, patching = get("texts")["texts"], get("patching")["reports"]
+    browser.set_window_size(1400, 1100)
+    try:
+        open_tab(browser, views_server)
+        # every text named by what it holds: its sentence and who wrote it, never a tag or "."
+        sentences = {(t["run"], t["kind"]): t["sentence"] for t in texts}
+        labels = option_labels(browser)
+        for run, kind, label in labels:
+            assert "patching/pair_" not in label and " · probe_prompt" not in label, label
+            if kind == "probe":
+                (report,) = [r for r in patching if r["run"] == run]
+                assert label.startswith(f'"{report["pairs"][0]["text"]}" (probe pair 1 of '
+                                        f'{len(report["pairs"])})'), label
+            else:
+                assert label.startswith(f'"{sentences[run, kind]}" ('), label
+                assert "(training sample, step " in label if kind == "training" else \
+                    "(inspected)" in label
+        assert labels[0][1] == "inspect" and {kind for _, kind, _ in labels} == {
+            "inspect", "training", "probe"}
+        assert js(browser, "document.getElementById('step-select').selectedOptions[0].text") \
+            == "inspected"
+
+        # the landing: an inspected text, on the head the evidence singles out, saying why: the
+        # largest patching effect where the text's model has a report, else the head that looks
+        # most at a name from the first pronoun
+        def opened_on():
+            layer, head = (int(js(browser, f"document.getElementById('{s}').value"))
+                           for s in ("layer-select", "head-select"))
+            why = browser.find_element("id", "head-why").text
+            assert why.startswith(f"Opened on layer {layer} head {head}: the head "), why
+            return layer, head, why
+
+        layer, head, why = opened_on()
+        assert "patching carries the most" in why or "looks most at a name from" in why, why
+        (report,) = [r for r in patching if r["run"] == labels[-1][0]]
+        def model_root(run):  # as the tab reads it: the run directory
+            return re.sub(r"(^|/)(tensorboard|inspect(/[^/]+)?|probe(/[^/]+)?)$", "", run)
+
+        lesson = next(run for run, kind, _ in labels
+                      if kind == "inspect" and model_root(run) == model_root(report["run"]))
+        if lesson != labels[0][0]:  # the text of the probed model
+            choose_text(browser, lesson, kind="inspect")
+            layer, head, why = opened_on()
+        effects = np.array(report["effect"], dtype=float)
+        if np.nanmax(effects) > 0:  # a head carries some of the name's effect
+            assert "the head whose patching carries the most of the name's effect" in why, why
+            assert effects[layer, head] == np.nanmax(effects)
+        else:
+            assert "the head that looks most at a name from" in why, why
+        query = js(browser, "[...document.querySelectorAll('#tokens .token.query')]"
+                            ".map(s => s.textContent)")
+        assert "".join(query).strip().lower() in PERSON_PRONOUNS
+        # the pronouns read against names are underlined, under their letters only (" She"
+        # gets no line under its space); "it" and "its" are not
+        pronouns = pronoun_words(browser)
+        assert pronouns and all(w.lower() in PERSON_PRONOUNS for _, w in pronouns), pronouns
+        drawn = legends(browser)
+        assert drawn.keys() == {"shading", "best-per-head", "probe-grid", "patch-grid"}, drawn
+        assert drawn["probe-grid"][0] == "chance 0.50" and "Chance: 0.50" in drawn["probe-grid"][1]
+        assert drawn["patch-grid"][0] == "0: none"
+        for name in ("shading", "best-per-head"):
+            assert drawn[name][0].startswith("uniform: 1/"), drawn[name]
+        probe_note = browser.find_element("css selector", ".probe p").text
+        assert "reads attention from the pronoun itself" in probe_note
+        screenshot(browser, shots / "tab-landing.png")
+
+        # the type size, for a projector: kept when the tab is opened again
+        choose(browser, "zoom-select", "1.5")
+        open_tab(browser, views_server)
+        assert js(browser, "[document.body.style.zoom, document.getElementById('zoom-select')"
+                           ".value]") == ["1.5", "1.5"]
+        choose(browser, "zoom-select", "1")
+        choose_text(browser, lesson, kind="inspect")
+
+        # "it" is no pronoun of a name; "She" is, and its readings flag the other gender (on the
+        # inspected text that has an "It", where there is one)
+        with_it = [run for (run, kind), sentence in sentences.items()
+                   if kind == "inspect" and " It " in sentence]
+        if with_it and with_it[0] != lesson:
+            choose_text(browser, with_it[0], kind="inspect")
+        words = tokens_shown(browser)
+        thing = browser.find_elements("css selector", "#tokens .token.thing-pronoun")
+        if thing:  # "It": hovered, it is read against no name
+            hover(browser, int(thing[0].get_attribute("data-i")))
+            assert "stands for a thing or an animal" in browser.find_element("id", "pronoun").text
+        she, she_word = next((i, w) for i, w in pronoun_words(browser)
+                             if w.lower() in ("she", "he"))
+        browser.find_element("css selector", f"#tokens .token[data-i='{she}']").click()
+        hover(browser, 0)
+        assert ": weight " in browser.find_element("id", "status").text
+        flagged = js(browser, "[...document.querySelectorAll('#pronoun .other-gender')]"
+                              ".map(e => e.textContent)")
+        for word in flagged:  # only names of the other gender than the pronoun
+            assert word.endswith(" ≠") and (word[:-2] in MALE_NAMES if she_word.lower() == "she"
+                                            else word[:-2] in FEMALE_NAMES), word
+        screenshot(browser, shots / "tab-pronoun.png")
+        browser.find_element("css selector", f"#tokens .token[data-i='{she}']").click()
+
+        # all heads: each head a strip in its colour, every token labelled above them
+        choose(browser, "head-select", "all")
+        strip_labels = js(browser, "[...document.querySelectorAll('#heads .head-labels span')]"
+                                   ".map(s => s.textContent)")
+        assert len(strip_labels) == len(words)
+        assert all(label.rstrip("…") in word.replace("\n", "⏎") or label.startswith('"')
+                   for label, word in zip(strip_labels, words, strict=True))
+        n_head = len(browser.find_elements("css selector", "#heads canvas"))
+        assert len(browser.find_elements("css selector", ".head-swatches .swatch")) == n_head
+        screenshot(browser, shots / "tab-all-heads.png")
+
+        # the patching grid with a pair: one picker moves the attention's text and the strip
+        choose(browser, "head-select", head)
+        choose_text(browser, report["run"], kind="probe", pair=1)
+        pair = report["pairs"][1]
+        assert js(browser, "document.getElementById('text-select').selectedOptions[0].text") \
+            .startswith(f'"{pair["text"]}" (probe pair 2 of {len(report["pairs"])})')
+        assert not browser.find_element("id", "step-select").is_displayed()
+
+        def both_views():
+            strip = "".join(js(browser, "[...document.querySelectorAll('#patch-strip "
+                                        ".patch-token')].map(s => s.dataset.token)"))
+            return "".join(tokens_shown(browser)), strip
+
+        text, strip = both_views()
+        assert strip and text.replace("⏎", "").startswith(strip), (text, strip)
+        values = js(browser, "[...document.querySelectorAll('#patch-strip .patch-value')]"
+                             ".map(s => s.textContent)")
+        assert len(values) == js(browser, "document.querySelectorAll('#patch-strip "
+                                          ".patch-token').length")  # written, not hovered
+        assert legends(browser)["patch-grid"][0] == "0: none"
+        # the deciding token (often "," or ".") in a box as wide as a short word's
+        assert js(browser, "document.querySelector('#patch-strip .deciding').offsetWidth") >= 30
+        screenshot(browser, shots / "tab-patching.png")
+        choose(browser, "pair-select", 0)
+        wait_for(lambda: both_views() != (text, strip), 10, "pair 1 in both views")
+        text0, strip0 = both_views()
+        assert text0.replace("⏎", "").startswith(strip0)
+        if len(report["pairs"]) > 8:  # tinylm-probe writes the attention of 8 pairs: the strip
+            choose(browser, "pair-select", len(report["pairs"]) - 1)
+            wait_for(lambda: not tokens_shown(browser), 10, "a pair without attention")
+            assert "has its patching effects only" in browser.find_element("id", "note").text
+
+        # the arithmetic behind one weight, below the attention: the model's own weight
+        if js(browser, "window.tinylmArithmetic === undefined"):
+            return
+        choose_text(browser, lesson, kind="inspect")
+        choose(browser, "head-select", head)
+        choose(browser, "level-select", "token")
+        query = next(i for i, w in pronoun_words(browser) if w.lower() in ("she", "he"))
+        browser.find_element("css selector", f"#tokens .token[data-i='{query}']").click()
+        wait_for(lambda: f"(token {query})" in js(
+            browser, "document.querySelector('#arithmetic h4')?.textContent ?? ''"), 20,
+            "the arithmetic of the pronoun")
+        check = browser.find_elements("id", "arith-check")
+        top = int(js(browser, "document.querySelector('#arithmetic tr.arith-top').dataset.j"))
+        model_weight = float(check[0].get_attribute("data-model-weight"))
+        assert abs(float(check[0].get_attribute("data-weight")) - model_weight) < 1e-5
+        shaded = float(js(browser, f"document.querySelector('#tokens .token[data-i=\"{top}\"]')"
+                                   ".dataset.weight"))
+        assert abs(shaded - model_weight) < 2e-3  # the tab's float16 weight, the same one
+        js(browser, "window.scrollTo(0, document.getElementById('arithmetic-panel')"
+                    ".getBoundingClientRect().top + window.scrollY - 120)")
+        screenshot(browser, shots / "tab-arithmetic.png")
+    finally:
+        browser.set_window_size(1400, 1000)
+        browser.switch_to.default_content()

@@ -1,4 +1,5 @@
-"""threads=auto: the thread count follows the usable cores and how busy they are."""
+"""threads=auto: the thread count follows the usable cores and how busy they are; it is chosen
+beside the device (tinylm/device.py) for every command."""
 
 import collections
 import importlib.util
@@ -10,12 +11,13 @@ import time
 import psutil
 import pytest
 import torch
+from helpers import save_run
 
-import tinylm.train.threads
+import tinylm.device
 from tinylm.cli.generate import GenerateConfig
+from tinylm.cli.loading import load_for_command
 from tinylm.config import ConfigError
-from tinylm.train.run_config import TrainConfig
-from tinylm.train.threads import (
+from tinylm.device import (
     CpuSample,
     apply_threads,
     busy_cpus,
@@ -23,6 +25,7 @@ from tinylm.train.threads import (
     sample_cpus,
     usable_cpus,
 )
+from tinylm.train.run_config import TrainConfig
 
 
 @pytest.fixture
@@ -31,7 +34,7 @@ def machine(monkeypatch):
     def set_machine(cpus, busy):
         monkeypatch.setattr(psutil.Process, "cpu_affinity", lambda self: list(cpus),
                             raising=False)
-        monkeypatch.setattr(tinylm.train.threads, "busy_cpus",
+        monkeypatch.setattr(tinylm.device, "busy_cpus",
                             lambda cpus, since=None: None if busy is None else (busy, "test"))
     monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
     return set_machine
@@ -77,7 +80,7 @@ def test_under_torchrun_each_process_takes_its_share(machine, monkeypatch):
 
 def test_unknown_load_takes_the_share(machine):
     machine(range(2), None)
-    assert choose_threads("auto") == tinylm.train.threads.ThreadChoice(2, "auto: 2 usable cores, "
+    assert choose_threads("auto") == tinylm.device.ThreadChoice(2, "auto: 2 usable cores, "
                                                                  "load unknown")
 
 
@@ -95,7 +98,7 @@ def test_busy_cpus_counts_the_cores_busy_time_less_this_processs_own(
         monkeypatch, busy, own, others):
     start = CpuSample(time.monotonic() - 2.0, 10.0, 5.0)
     end = CpuSample(start.wall + 2.0, 10.0 + busy, 5.0 + own)
-    monkeypatch.setattr(tinylm.train.threads, "sample_cpus", lambda cpus: end)
+    monkeypatch.setattr(tinylm.device, "sample_cpus", lambda cpus: end)
     assert busy_cpus([0, 1], since=start) == (pytest.approx(others), "over 2.0 s")
 
 
@@ -126,7 +129,7 @@ def test_importing_samples_nothing_and_start_sample_samples_now(monkeypatch):
     monkeypatch.setattr(psutil, "cpu_times", watched_cpu_times)
     monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
     # the module's code run again as a fresh import would run it, under another name
-    spec = importlib.util.spec_from_file_location("fresh_threads", tinylm.train.threads.__file__)
+    spec = importlib.util.spec_from_file_location("fresh_threads", tinylm.device.__file__)
     fresh = importlib.util.module_from_spec(spec)
     monkeypatch.setitem(sys.modules, "fresh_threads", fresh)  # where dataclasses look it up
     spec.loader.exec_module(fresh)
@@ -165,3 +168,19 @@ def test_bad_thread_settings_are_refused_naming_the_key(value):
         TrainConfig(threads=value)
     with pytest.raises(ConfigError, match=r"^threads=.* is not allowed"):
         GenerateConfig(threads=value)
+
+
+def test_every_command_that_loads_a_checkpoint_chooses_its_threads_beside_the_device(
+        machine, model, bpe, tmp_path):
+    machine(range(2), 1.0)
+    run_dir = save_run(tmp_path / "run", model, bpe)
+    before = torch.get_num_threads()
+    try:
+        loaded = load_for_command(str(run_dir))  # tinylm-export's call: no threads= of its own
+        assert (loaded.threads.threads, torch.get_num_threads()) == (1, 1)
+        assert loaded.line("a model").endswith(
+            "(a model) on cpu, 1 thread (auto: 2 usable cores, 1.0 busy with other work (test))")
+        loaded = load_for_command(str(run_dir), threads=2)  # generate, probe, explain: threads=
+        assert (loaded.threads.threads, torch.get_num_threads()) == (2, 2)
+    finally:
+        torch.set_num_threads(before)

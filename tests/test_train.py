@@ -20,8 +20,9 @@ from omegaconf import OmegaConf
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 import tinylm.checkpoint
+import tinylm.device
 import tinylm.model
-import tinylm.train.threads
+import tinylm.train.trainer
 from tinylm.checkpoint import load_checkpoint, resolve_checkpoint_dir
 from tinylm.cli import config_dir
 from tinylm.config import ConfigError
@@ -168,8 +169,15 @@ def ctrl_c_during_step(monkeypatch, step):
                 os.kill(os.getpid(), signal.SIGINT)
         return draw(self, device)
 
+    def uninterrupt():
+        monkeypatch.setattr(BatchSampler, "next_batch", draw)
+        # A resume in this process, in the same second: TensorBoard reads a run's event files in
+        # the order of their names, events.out.tfevents.<second>.<host>.<pid>.<n>, where the
+        # process's 10th file sorts before its 9th. A resume in a new process never meets this.
+        time.sleep(1 - time.time() % 1)
+
     monkeypatch.setattr(BatchSampler, "next_batch", next_batch_then_ctrl_c)
-    return lambda: monkeypatch.setattr(BatchSampler, "next_batch", draw)
+    return uninterrupt
 
 
 def assert_same_run(run_dir, full_dir, metrics, full_metrics):
@@ -226,15 +234,16 @@ def test_where_no_symlink_can_be_made_a_run_stops_and_resumes_through_its_tag_fi
 @pytest.mark.slow
 def test_threads_auto_resumes_with_the_count_the_run_started_with(
         corpus, tmp_path, monkeypatch, caplog):
-    """auto would choose 1 thread at the resume (the machine got busier): the resume keeps the
-    first run's 2, and ends with exactly the weights and losses of the uninterrupted run."""
-    chosen = []
+    """auto would choose 1 thread as the resume starts (a program was briefly busy): the resume
+    starts with the count its checkpoint was trained with, 2, not a start-up guess, and, as the
+    machine is quiet again at its evaluations, ends with exactly the weights and losses of the
+    uninterrupted run."""
+    guesses = []  # what auto chooses next, once each; then 2
 
     def auto(setting, since=None):
-        chosen.append(chosen[-1] if chosen else 2)
-        return tinylm.train.threads.ThreadChoice(chosen[-1], "auto: test")
+        return tinylm.device.ThreadChoice(guesses.pop(0) if guesses else 2, "auto: test")
 
-    monkeypatch.setattr(tinylm.train.threads, "choose_threads", auto)
+    monkeypatch.setattr(tinylm.device, "choose_threads", auto)
     # wide enough that 1 and 2 threads give other losses in the last digits (at n_embd 32 not)
     overrides = ["train.threads=auto", "model.dropout=0.1", "train.max_steps=12",
                  "train.eval_interval=6", "train.checkpoint_interval=6", "model.n_embd=128",
@@ -247,7 +256,7 @@ def test_threads_auto_resumes_with_the_count_the_run_started_with(
         train(cfg)
     uninterrupt()
 
-    chosen.append(1)
+    guesses.append(1)
     cfg.train.resume = True
     caplog.clear()  # the start-up lines of the runs above
     with caplog.at_level("INFO", logger="tinylm.train"):
@@ -255,6 +264,35 @@ def test_threads_auto_resumes_with_the_count_the_run_started_with(
     assert_same_run(run_dir, tmp_path / "full", metrics, full_metrics)
     start_up = next(r.message for r in caplog.records if r.message.startswith("Model:"))
     assert "float32 on cpu, 2 threads (resumed run's count)" in start_up
+    assert guesses == []  # asked, and not followed
+
+
+@pytest.mark.slow
+def test_threads_auto_takes_its_share_again_at_each_evaluation(corpus, tmp_path, monkeypatch,
+                                                               caplog):
+    """A run that started while another program was busy does not keep 1 thread for good: at
+    each evaluation auto looks at the cores again (since the last look) and follows them; the
+    count in effect is the one a checkpoint saves."""
+    guesses, looked = [2, 1, 2], []  # at the start, at step 10, at step 20; then as it is
+
+    def auto(setting, since=None):
+        looked.append(since)
+        count = guesses.pop(0) if guesses else 2
+        return tinylm.device.ThreadChoice(count, "auto: test")
+
+    monkeypatch.setattr(tinylm.device, "choose_threads", auto)
+    saved, rank_state = [], tinylm.train.trainer.rank_state
+    monkeypatch.setattr(tinylm.train.trainer, "rank_state",
+                        lambda *args: saved.append(args[-1]) or rank_state(*args))
+    before = torch.get_num_threads()
+    with caplog.at_level("INFO", logger="tinylm.train"):
+        train(run_config(corpus, tmp_path / "run", "train.threads=auto"))
+    assert torch.get_num_threads() == before  # set back afterwards
+    said = [r.message for r in caplog.records if "threads" in r.message and "->" in r.message]
+    assert said == ["step 10: threads 2 -> 1 thread (auto: test)",
+                    "step 20: threads 1 -> 2 threads (auto: test)"]
+    assert len(looked) == 4 and all(since is not None for since in looked[1:])  # since a look
+    assert saved == [1, 2, 2]  # at the checkpoints of steps 10, 20 and 30
 
 
 @pytest.mark.slow
@@ -273,8 +311,8 @@ def test_a_resume_with_another_explicit_thread_count_uses_it_and_says_so(
 @pytest.mark.slow
 def test_threads_auto_is_chosen_at_start_and_said_in_the_start_up_line(
         corpus, tmp_path, monkeypatch, caplog):
-    monkeypatch.setattr(tinylm.train.threads, "usable_cpus", lambda: [0, 1, 2])
-    monkeypatch.setattr(tinylm.train.threads, "busy_cpus", lambda cpus, since=None: (1.0, "test"))
+    monkeypatch.setattr(tinylm.device, "usable_cpus", lambda: [0, 1, 2])
+    monkeypatch.setattr(tinylm.device, "busy_cpus", lambda cpus, since=None: (1.0, "test"))
     before = torch.get_num_threads()
     with caplog.at_level("INFO", logger="tinylm.train"):
         train(run_config(corpus, tmp_path / "run", "train.threads=auto", "train.max_steps=2"))

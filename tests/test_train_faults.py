@@ -1,16 +1,24 @@
-"""tinylm-train at the edges (issue 35): a refused command leaves the disk as it was, a start
-that fails before its first checkpoint leaves no run directory, and a full disk mid-run stops in
-one line that names the last good checkpoint and the command that continues from it."""
+"""tinylm-train at the edges (issues 35, 48): a refused command leaves the disk as it was, a start
+that fails before its first checkpoint leaves no run directory, a full disk mid-run stops in one
+line that names the last good checkpoint and the command that continues from it, and Ctrl-C, any
+number of times and at any moment, ends in one line and never removes a run folder."""
 
+import os
+import signal
 import subprocess
 import sys
+import time
+from pathlib import Path
 
 import pytest
 from conftest import fill_disk
 from helpers import TINY
+from test_train import ctrl_c_during_step
 
 import tinylm.cli.train
+import tinylm.train.trainer
 from tinylm.checkpoint import load_checkpoint, resolve_checkpoint_dir
+from tinylm.files import project_root
 
 HOLD_LOCK = """
 import sys, time
@@ -130,3 +138,114 @@ def test_a_full_disk_is_one_line_the_last_checkpoint_stays_and_the_resume_works(
     assert tinylm_train(monkeypatch, corpus, f"hydra.run.dir={run_dir}",
                         "train.resume=true") is None
     assert resolve_checkpoint_dir(run_dir, "last").name == "step-0000030"
+
+
+# ------------------------------------------------------------------------- Ctrl-C, SIGTERM
+
+
+@pytest.fixture
+def handlers_restored():
+    """The test process's SIGINT and SIGTERM handlers as they were, after a command in this
+    process installed its own."""
+    saved = {signum: signal.getsignal(signum) for signum in (signal.SIGINT, signal.SIGTERM)}
+    yield
+    for signum, handler in saved.items():
+        signal.signal(signum, handler)
+
+
+def signalled(args, cwd, wait_for, signals, gap=0.03, timeout=120):
+    """Start `args` in `cwd`, wait until `wait_for` (a path under cwd, and the text it holds)
+    exists, send `signals` `gap` seconds apart: (exit status, stderr)."""
+    with open(cwd / "stderr.txt", "w") as stderr:  # a file: a full pipe would block training
+        proc = subprocess.Popen(args, cwd=cwd, stdout=subprocess.DEVNULL, stderr=stderr)
+    deadline = time.monotonic() + timeout
+    file, text = wait_for
+    while not ((cwd / file).is_file() and text in (cwd / file).read_text()):
+        if proc.poll() is not None or time.monotonic() > deadline:
+            proc.kill()
+            pytest.fail(f"no {wait_for}: {(cwd / 'stderr.txt').read_text()[-3000:]}")
+        time.sleep(0.01)
+    for signum in signals:
+        proc.send_signal(signum)
+        time.sleep(gap)
+    try:
+        status = proc.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        pytest.fail("the command hung after its signals")
+    return status, (cwd / "stderr.txt").read_text()
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(sys.platform == "win32", reason="POSIX signals")
+@pytest.mark.parametrize("signals, when", [
+    # Ctrl-C twice, quickly: the second lands in the step or the stop-save
+    ([signal.SIGINT] * 2, "Model: "),
+    ([signal.SIGINT] * 6, "Model: "),  # and again and again
+    ([signal.SIGTERM, signal.SIGINT, signal.SIGTERM], "Model: "),
+    ([signal.SIGINT] * 2, ""),  # as soon as the run's record is written
+])
+def test_ctrl_c_any_number_of_times_before_the_first_checkpoint_keeps_the_run_folder(
+        signals, when, corpus, tmp_path):
+    args = [sys.executable, str(project_root() / "scripts" / "train.py"), *TINY,
+            f"data.files=[{corpus / 'stories.txt'}]", f"data.cache_dir={corpus / 'cache'}",
+            "train.max_steps=100000", "train.checkpoint_interval=0",
+            "train.eval_interval=100000", "hydra.run.dir=run"]
+    status, stderr = signalled(args, tmp_path, ("run/train.log", when), signals)
+    # the first signal Python handles: of two pending at once, it takes the lower number first
+    assert status in {128 + signum for signum in signals}
+    assert "Traceback" not in stderr and "Exception ignored" not in stderr
+    run_dir = tmp_path / "run"
+    kept = {".hydra", "train.log"} | ({"tensorboard"} if when else set())  # opened after
+    assert kept <= {p.name for p in run_dir.iterdir()}
+    assert "Corpus text: " in (run_dir / "train.log").read_text()
+    last = stderr.strip().splitlines()[-1]
+    if (run_dir / "checkpoints" / "last").exists():  # the first signal's stop-save finished
+        assert last.endswith(f" tinylm-train train.resume=true hydra.run.dir={run_dir}")
+    else:
+        assert last == (f"tinylm-train: interrupted before the run's first checkpoint; {run_dir} "
+                        "keeps its train.log and TensorBoard logs")
+
+
+@pytest.mark.slow
+def test_a_second_ctrl_c_while_the_stop_save_is_written_keeps_the_run_folder(
+        corpus, tmp_path, monkeypatch, capsys, handlers_restored):
+    monkeypatch.chdir(tmp_path)
+    ctrl_c_during_step(monkeypatch, 3)
+    save = tinylm.train.trainer.save_checkpoint
+
+    def ctrl_c_again_while_saving(*args, **kwargs):
+        os.kill(os.getpid(), signal.SIGINT)
+        return save(*args, **kwargs)
+
+    monkeypatch.setattr(tinylm.train.trainer, "save_checkpoint", ctrl_c_again_while_saving)
+    monkeypatch.setattr(sys, "argv", ["tinylm-train", *TINY, "train.checkpoint_interval=0",
+                                      f"data.files=[{corpus / 'stories.txt'}]",
+                                      f"data.cache_dir={corpus / 'cache'}", "hydra.run.dir=run"])
+    with pytest.raises(SystemExit) as stopped:
+        tinylm.cli.train.main()
+    assert stopped.value.code == 130
+    run_dir = tmp_path / "run"
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        f"tinylm-train: interrupted before the run's first checkpoint; {run_dir.resolve()} "
+        "keeps its train.log and TensorBoard logs")
+    assert sorted(p.name for p in run_dir.iterdir()) == [".hydra", "tensorboard", "train.log"]
+    assert not list(run_dir.rglob("*.tmp*"))  # the stop-save left no half-written folder
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(sys.platform == "win32", reason="POSIX signals")
+@pytest.mark.parametrize("delay", [0.15, 0.4, 0.8])
+def test_ctrl_c_while_the_command_starts_is_one_line_not_a_traceback(delay, tmp_path):
+    script = Path(sys.executable).with_name("tinylm-train")
+    if not script.is_file():
+        pytest.skip(f"tinylm-train is not installed beside {sys.executable} (pip install -e .)")
+    with open(tmp_path / "stderr.txt", "w") as stderr:
+        proc = subprocess.Popen([str(script), "hydra.run.dir=run"], cwd=tmp_path,
+                                stdout=subprocess.DEVNULL, stderr=stderr)
+    time.sleep(delay)  # well inside the imports of torch, Hydra and the rest
+    proc.send_signal(signal.SIGINT)
+    proc.send_signal(signal.SIGINT)
+    assert proc.wait(timeout=60) == 130
+    said = (tmp_path / "stderr.txt").read_text()
+    assert "Traceback" not in said and said.strip().splitlines()[-1] == "tinylm-train: interrupted"

@@ -41,7 +41,7 @@ OFFLINE = {"PATH": "/usr/bin:/bin", "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE"
 def assert_trained_the_embedded_sample(done, corpora, cwd):
     assert done.returncode == 0, done.stderr[-3000:]
     out = done.stdout + done.stderr
-    assert f"local files under {corpora}: tinystories/train-head.txt (197,290 bytes)" in out
+    assert f"local files under {corpora}: tinystories/train-head.txt (200,111 bytes)" in out
     assert "Done: 5 steps" in out
     assert (cwd / "runs" / "first" / "checkpoints" / "last").is_file()
     assert (cwd / "data" / "tinystories-bpe" / "train.bin").is_file()

@@ -47,7 +47,6 @@ from tinylm.checkpoint_configs import (
     recorded,
 )
 from tinylm.files import (
-    NotWritten,
     is_there_as_file,
     published_atomically,
     replaced_atomically,
@@ -58,6 +57,11 @@ from tinylm.model import ModelConfig, TinyLM
 from tinylm.pretrained import build, is_pretrained, load_pretrained, model_name
 from tinylm.tokenizer import CharTokenizer, Tokenizer, load_tokenizer
 
+try:
+    import fcntl
+except ImportError:  # Windows: no flock, and no file there is removed while it is open
+    fcntl = None
+
 CHECKPOINTS_DIR = "checkpoints"
 WEIGHTS_FILE = "model.safetensors"
 MODEL_CONFIG_FILE = "model_config.json"
@@ -67,6 +71,9 @@ TRAINER_STATE_FILE = "trainer_state.pt"
 LOCK_FILE = ".lock"  # held by the process writing the run directory
 LOCK_PID_FILE = ".lock.pid"  # beside it (the lock file itself is truncated by each taker)
 TAGS = ("last", "best")
+# A run saving every step may supersede and remove the checkpoint being read: it is read again,
+# the newest, this many times at most
+READ_TRIES = 10
 # What model.safetensors' metadata records of its checkpoint (JSON values): the model's shape,
 # and the tokenizer's kind, vocab_size and sha256 (of tokenizer.json's bytes).
 _STEP_DIR = re.compile(r"^step-\d+(-\d+)?$")
@@ -80,11 +87,6 @@ class RunDirInUse(ValueError):
 
 class NonFiniteWeights(ValueError):
     """The weights hold NaN or inf: such a model is neither saved as a checkpoint nor loaded."""
-
-
-class CheckpointNotWritten(NotWritten):
-    """Writing a checkpoint failed (e.g. the disk is full); nothing of it was left behind, and
-    the tags still name the checkpoints they named."""
 
 
 @dataclass
@@ -129,9 +131,14 @@ def tagged(checkpoints: Path, tag: str) -> Path | None:
 
 
 def tagged_checkpoint(checkpoints: Path, tag: str) -> Path | None:
-    """The step directory that checkpoints/<tag> names, where it exists."""
-    named = tagged(checkpoints, tag)
-    return named if named and named.is_dir() else None
+    """The step directory that checkpoints/<tag> names, where it exists. A run being trained
+    moves the tag on before it removes the step the tag named: a missing step is looked up in
+    the tag again."""
+    for _ in range(READ_TRIES):
+        named = tagged(checkpoints, tag)
+        if named is None or named.is_dir():
+            return named
+    return None
 
 
 def _remove_unreferenced(checkpoints: Path) -> None:
@@ -145,7 +152,35 @@ def _remove_unreferenced(checkpoints: Path) -> None:
     for entry in checkpoints.iterdir():
         if entry.is_dir() and not entry.is_symlink() and _STEP_DIR.match(entry.name) \
                 and entry.name not in keep:
-            shutil.rmtree(entry, ignore_errors=True)
+            with _step_lock(entry, shared=False) as alone:
+                if alone:  # one being read goes at the next save
+                    shutil.rmtree(entry, ignore_errors=True)
+
+
+@contextmanager
+def _step_lock(step: Path, shared: bool) -> Iterator[bool]:
+    """Inside, a lock on step directory `step` (flock, never waited for): True where it was
+    taken. A reader holds it shared, and a run being trained removes a superseded step only
+    where it can lock it alone, so no step is removed while it is read. True where directories
+    cannot be locked (Windows) or `step` is gone already (its reader meets that)."""
+    try:
+        fd = os.open(step, os.O_RDONLY) if fcntl else None
+    except OSError:
+        fd = None
+    try:
+        held = fd is None or _flocked(fd, fcntl.LOCK_SH if shared else fcntl.LOCK_EX)
+        yield held
+    finally:
+        if fd is not None:
+            os.close(fd)
+
+
+def _flocked(fd: int, how: int) -> bool:
+    try:
+        fcntl.flock(fd, how | fcntl.LOCK_NB)
+        return True
+    except BlockingIOError:
+        return False
 
 
 def _point_tags(checkpoints: Path, tags: tuple[str, ...], name: str) -> None:
@@ -244,11 +279,8 @@ def save_checkpoint(run_dir: str | Path, model: TinyLM, tokenizer: Tokenizer, ru
                     tags: tuple[str, ...] = ("last",)) -> Path:
     """Write a complete checkpoint for `step` and point each tag ("last", "best") at it.
 
-    Raises CheckpointNotWritten, with nothing of this checkpoint left behind, when a file or a
-    tag cannot be written (a full disk, whichever writer meets it)."""
-    for tag in tags:
-        if tag not in TAGS:
-            raise ValueError(f"checkpoint tag {tag!r} is not allowed; allowed: {', '.join(TAGS)}")
+    Raises NotWritten naming the file, with nothing of this checkpoint left behind and the tags
+    as they were, when a file or a tag cannot be written (a full disk, whichever meets it)."""
     bad = _non_finite(model)
     if bad:  # a diverged model is never a checkpoint
         raise NonFiniteWeights(f"the weights are not finite ({bad} holds NaN or inf)")
@@ -265,10 +297,7 @@ def save_checkpoint(run_dir: str | Path, model: TinyLM, tokenizer: Tokenizer, ru
             def write(file: str, writer) -> None:
                 """Write tmp/<file>; a failure names final/<file>, where it was to be."""
                 with reported(final / file):
-                    try:
-                        writer(tmp / file)
-                    except NotWritten as err:  # the tokenizer's writer names its temporary file
-                        raise (err.__cause__ or err) from None
+                    writer(tmp / file)
 
             write(TOKENIZER_FILE, tokenizer.save)  # first: the weights record its sha256
             # save_model (not save_file) handles the tied embedding / LM head
@@ -281,12 +310,10 @@ def save_checkpoint(run_dir: str | Path, model: TinyLM, tokenizer: Tokenizer, ru
             if trainer_state is not None:
                 write(TRAINER_STATE_FILE, lambda f: _save_trainer_state(trainer_state, f))
         _point_tags(checkpoints, tags, name)
-    except BaseException as err:  # a full disk, or Ctrl-C: nothing of this checkpoint stays
+    except BaseException:  # a full disk, or Ctrl-C: nothing of this checkpoint stays
         if checkpoints.is_dir():  # the new step, if it was renamed but never tagged
             _remove_unreferenced(checkpoints)
-        if not isinstance(err, NotWritten):
-            raise
-        raise CheckpointNotWritten(str(err), err.errno) from err
+        raise
     _remove_unreferenced(checkpoints)
     return final
 
@@ -344,23 +371,39 @@ def _refuse_non_finite(model: TinyLM, weights: Path) -> None:
 def load_checkpoint(path: str | Path, device: str | torch.device = "cpu",
                     prefer: str = "best") -> Checkpoint:
     """Rebuild model and tokenizer from a checkpoint (see resolve_checkpoint_dir for `path`), or
-    from a Hugging Face model: hf:<id> or its folder (tinylm/pretrained/)."""
+    from a Hugging Face model: hf:<id> or its folder (tinylm/pretrained/). Of a run being
+    trained, the newest complete checkpoint: one superseded and removed while it was read is
+    read again, the newest, up to READ_TRIES times."""
     if is_pretrained(path):
         model, tokenizer, directory = load_pretrained(path)
         _refuse_non_finite(model, directory / WEIGHTS_FILE)
         return Checkpoint(directory, model.to(device), model.config, tokenizer, {}, None)
-    directory = resolve_checkpoint_dir(path, prefer)
-    for name in (MODEL_CONFIG_FILE, WEIGHTS_FILE, TOKENIZER_FILE, RUN_CONFIG_FILE,
-                 TRAINER_STATE_FILE):
+    for _ in range(READ_TRIES):
+        directory = resolve_checkpoint_dir(path, prefer)
+        try:
+            with _step_lock(directory, shared=True) as held:
+                if not held:
+                    raise FileNotFoundError(f"{directory} is being removed: a newer checkpoint "
+                                            "superseded it")
+                return _read_checkpoint(directory, device)
+        except Exception:  # unless it was superseded and removed meanwhile: its own error
+            if directory.is_dir() and resolve_checkpoint_dir(path, prefer) == directory:
+                raise
+    raise FileNotFoundError(f"the checkpoint of {path} was superseded and removed while it was "
+                            f"read, {READ_TRIES} times: the run saves faster than it can be read; "
+                            "copy a checkpoint directory elsewhere and load that")
+
+
+def _read_checkpoint(directory: Path, device: str | torch.device) -> Checkpoint:
+    """The checkpoint in step directory `directory`."""
+    for name, what in ((WEIGHTS_FILE, "weights file"), (TOKENIZER_FILE, "tokenizer"),
+                       (TRAINER_STATE_FILE, None)):
         # refused by name before anything is read: a FIFO waits for a writer forever, and a
         # link to /dev/zero never ends
-        is_there_as_file(directory / name)
-    weights = directory / WEIGHTS_FILE
+        if not is_there_as_file(directory / name) and what:
+            raise FileNotFoundError(f"checkpoint is missing its {what} {directory / name}")
+    weights, tokenizer_file = directory / WEIGHTS_FILE, directory / TOKENIZER_FILE
     config, records = read_model_config(directory / MODEL_CONFIG_FILE, weights)
-
-    tokenizer_file = directory / TOKENIZER_FILE
-    if not tokenizer_file.is_file():
-        raise FileNotFoundError(f"checkpoint is missing its tokenizer {tokenizer_file}")
     tokenizer = load_tokenizer(str(tokenizer_file))
     if tokenizer.vocab_size != config.vocab_size:
         raise ValueError(f"{tokenizer_file} has {tokenizer.vocab_size} tokens but "

@@ -16,11 +16,13 @@ import torch
 import yaml
 from safetensors import SafetensorError, safe_open
 
+from tinylm.files import read_regular_file
 from tinylm.model import ModelConfig
 from tinylm.pretrained import build, saved_config
 
 # the records save_checkpoint keeps in the weights file's metadata
 MODEL_RECORD, TOKENIZER_RECORD = "tinylm.model", "tinylm.tokenizer"
+MAX_CONFIG_BYTES = 2**20  # model_config.json and config.yaml are a few KB
 
 
 def recorded(records: dict[str, str], key: str, weights: Path) -> dict:
@@ -39,22 +41,19 @@ def recorded(records: dict[str, str], key: str, weights: Path) -> dict:
 def read_model_config(file: Path, weights: Path) -> tuple[ModelConfig, dict[str, str]]:
     """The model config, checked against the weights file's header before any memory is
     allocated, and the weights file's metadata."""
+    raw = read_regular_file(file, MAX_CONFIG_BYTES, "the checkpoint's model config")
     try:
-        values = json.loads(file.read_text(encoding="utf-8"))
+        values = json.loads(raw)
         if not isinstance(values, dict):
             raise ValueError("it does not hold a JSON object")
         config = saved_config(values)
         if config.vocab_size is None:  # training takes it from the tokenizer; a model has one
             raise ValueError("model.vocab_size is null: a saved model has a vocabulary")
-    except FileNotFoundError:
-        raise FileNotFoundError(f"checkpoint is missing {file}") from None
     except RecursionError:
         raise ValueError(f"{file} is not a valid model config: it is nested too deeply") from None
     except (json.JSONDecodeError, UnicodeDecodeError, TypeError, ValueError) as err:
         raise ValueError(f"{file} is not a valid model config: {str(err).splitlines()[0]}"
                          ) from None
-    if not weights.is_file():
-        raise FileNotFoundError(f"checkpoint is missing its weights file {weights}")
     try:  # the header only: names, shapes and metadata, no tensor is read
         with safe_open(str(weights), "pt") as f:
             shapes = {k: f.get_slice(k).get_shape() for k in f.keys()}
@@ -87,10 +86,13 @@ def read_model_config(file: Path, weights: Path) -> tuple[ModelConfig, dict[str,
     return config, records
 
 
-def yaml_in(file: Path) -> object:
-    """The YAML in `file`, parsed; ValueError saying in one line why where it is not YAML."""
+def yaml_in(source: Path | bytes) -> object:
+    """The YAML in `source` (bytes, or a file its caller has checked), parsed; ValueError saying
+    in one line why where it is not YAML."""
     try:
-        return yaml.safe_load(file.read_text(encoding="utf-8"))
+        text = source.decode("utf-8") if isinstance(source, bytes) else \
+            source.read_text(encoding="utf-8")
+        return yaml.safe_load(text)
     except yaml.MarkedYAMLError as err:  # its str spans lines: the problem and where
         mark = err.problem_mark
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
@@ -104,10 +106,12 @@ def yaml_in(file: Path) -> object:
 def read_run_config(file: Path) -> dict:
     """A checkpoint's config.yaml ({} where there is none), refused in one line naming it
     where it is not YAML holding a mapping, as save_checkpoint wrote it."""
-    if not file.is_file():
+    try:
+        raw = read_regular_file(file, MAX_CONFIG_BYTES, "the checkpoint's run config")
+    except FileNotFoundError:
         return {}
     try:
-        values = yaml_in(file)
+        values = yaml_in(raw)
     except ValueError as err:
         why = str(err)
     else:

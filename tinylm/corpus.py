@@ -15,12 +15,13 @@ from __future__ import annotations
 import codecs
 import hashlib
 import os
+import re
 import socket
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TextIO
 from urllib.parse import urlsplit
 
 import numpy as np
@@ -37,6 +38,10 @@ OFFLINE_CHOICES = ("offline, train on the embedded TinyStories sample (data=tiny
                    "Shakespeare (data=tinyshakespeare) or on your own text (data=text "
                    "'data.files=[notes/*.txt]')")
 READ_CHUNK = 8 << 20  # characters read from a local file at a time
+# A line holding only this ends a document (sample_by=document), as it ends each story in the raw
+# TinyStories files; the same text as tinylm.tokenizer.EOT, whose id joins documents.
+DOCUMENT_END = "<|endoftext|>"
+DOCUMENT_END_LINE = re.compile(rf"^[ \t]*{re.escape(DOCUMENT_END)}[ \t]*$", re.MULTILINE)
 # what switches datasets off the hub, in the order datasets lets them decide
 OFFLINE_SWITCHES = ("HF_DATASETS_OFFLINE", "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")
 
@@ -165,13 +170,15 @@ def scan_file(path: Path, strict_utf8: bool, log: Callable[[str], None]) -> dict
 
 def read_rows(path: Path, sample_by: str, errors: str = "strict") -> Iterator[str]:
     """The rows of a UTF-8 text file, read a chunk at a time: its lines (without the line
-    break), its paragraphs (non-empty pieces between blank lines) or the whole file.
+    break), its paragraphs (non-empty pieces between blank lines) or its documents (the whole
+    file, or the texts between lines that hold only <|endoftext|>, without the line breaks
+    around them).
 
     The same rows as datasets' "text" loader: newlines are universal ("\\r\\n" reads as "\\n").
     """
     with reading(path), open(path, encoding="utf-8", errors=errors) as f:
         if sample_by == "document":
-            yield f.read()
+            yield from _documents(f)
             return
         carry = ""  # a paragraph that may continue in the next chunk
         while chunk := f.read(READ_CHUNK):
@@ -184,6 +191,25 @@ def read_rows(path: Path, sample_by: str, errors: str = "strict") -> Iterator[st
             yield from (p for p in pieces if p)
         if carry:
             yield carry
+
+
+def _documents(f: TextIO) -> Iterator[str]:
+    """The documents of an open text file: the texts between DOCUMENT_END lines (each without the
+    line breaks around it; an empty one is skipped), or the whole file when it has none."""
+    carry, marked = [], False  # the pieces of the document that may go on in the next chunk
+    while chunk := f.read(READ_CHUNK):
+        chunk += f.readline()  # chunks start and end at line breaks: a mark is never cut
+        *ended, rest = DOCUMENT_END_LINE.split(chunk)  # only the new chunk is searched
+        if ended:
+            ended[0] = "".join([*carry, ended[0]])
+            carry, marked = [rest], True
+            yield from (text for doc in ended if (text := doc.strip("\n")))
+        else:
+            carry.append(chunk)
+    if not marked:
+        yield "".join(carry)  # the whole file, as it is
+    elif text := "".join(carry).strip("\n"):
+        yield text
 
 
 # ----------------------------------------------------------------------------------- the hub
@@ -243,7 +269,7 @@ class SplitPlan:
 
 
 def plural(n: int, unit: str) -> str:
-    """"5,530 paragraphs", "1 document"."""
+    """"1,122 documents", "1 paragraph"."""
     return f"{n:,} {unit}{'' if n == 1 else 's'}"
 
 

@@ -1,8 +1,26 @@
-"""Choosing the device: CUDA when present, the CPU everywhere else."""
+"""Where a command computes: the device (CUDA when present, the CPU everywhere else) and, on the
+CPU, how many intra-op threads torch uses (a number, or `auto`, fitted to the machine as it is).
+
+A parallel region waits for its slowest thread, so `auto` takes the usable cores (this process's
+affinity) that other work leaves idle, at least 1; torchrun's processes on one machine split them.
+
+    device = resolve_device("auto")          # cuda if available, else cpu
+    sample = start_sample()                  # when a command starts; its start-up is watched
+    choice = apply_threads("auto", sample)   # ThreadChoice(2, "auto: ..."), given to torch
+"""
 
 from __future__ import annotations
 
+import os
+import time
+from dataclasses import dataclass
+
+import psutil
 import torch
+
+from tinylm.config import bad
+
+MEASURE_SECONDS = 0.2  # how long `auto` watches the cores at least
 
 
 def resolve_device(name: str = "auto") -> torch.device:
@@ -30,3 +48,113 @@ def has_fast_bf16(device: torch.device) -> bool:
         return getattr(cpu, "_is_avx512_bf16_supported", lambda: False)() or \
             getattr(cpu, "_is_amx_tile_supported", lambda: False)()
     return False
+
+
+# ------------------------------------------------------------------------------- threads
+
+
+@dataclass(frozen=True)
+class ThreadChoice:
+    """The intra-op thread count, and why, in words for the start-up line."""
+
+    threads: int
+    reason: str
+
+    def describe(self) -> str:
+        return f"{self.threads} thread{'s' if self.threads != 1 else ''} ({self.reason})"
+
+    def suffix_on(self, device) -> str:
+        """", 2 threads (why)" after the device in a start-up line; nothing off the CPU, where
+        torch's threads do not compute."""
+        return f", {self.describe()}" if device.type == "cpu" else ""
+
+
+def check_threads_setting(key: str, value) -> None:
+    """ConfigError naming `key` unless value is "auto" or an integer >= 1."""
+    if value != "auto" and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
+        raise bad(key, value, "must be auto or an integer >= 1")
+
+
+def usable_cpus() -> list[int]:
+    """The logical CPUs this process may run on (all of them where psutil has no affinity call,
+    as on macOS)."""
+    process = psutil.Process()
+    if hasattr(process, "cpu_affinity"):
+        return sorted(process.cpu_affinity())
+    return list(range(psutil.cpu_count() or 1))
+
+
+@dataclass(frozen=True)
+class CpuSample:
+    """Busy time of some CPUs and of this process at one moment (psutil's per-CPU times)."""
+
+    wall: float
+    busy: float  # seconds the CPUs spent running anything
+    own: float  # seconds this process ran (all its threads)
+
+
+# Not busy: idle and waiting for I/O; Linux's guest times are already counted in user and nice.
+NOT_BUSY = ("idle", "iowait", "guest", "guest_nice")
+
+
+def busy_seconds(cpu_times) -> float:
+    """Seconds one CPU has run anything, from its psutil.cpu_times() (fields differ by OS)."""
+    return sum(seconds for name, seconds in cpu_times._asdict().items() if name not in NOT_BUSY)
+
+
+def sample_cpus(cpus: list[int]) -> CpuSample | None:
+    """Busy seconds of `cpus` so far; None where the per-CPU times cannot be read."""
+    try:
+        per_cpu = psutil.cpu_times(percpu=True)
+        busy = sum(busy_seconds(per_cpu[i]) for i in cpus)
+    except (OSError, IndexError):  # no /proc/stat in a sandbox; an offline CPU shifts the list
+        return None
+    times = os.times()
+    return CpuSample(time.monotonic(), busy, times.user + times.system)
+
+
+def start_sample() -> CpuSample | None:
+    """A sample of the usable cores now, for choose_threads to compare with later: the caller's
+    own work meanwhile (a start-up, a stretch of training) doubles as the time they are watched."""
+    return sample_cpus(usable_cpus())
+
+
+def busy_cpus(cpus: list[int], since: CpuSample | None = None) -> tuple[float, str] | None:
+    """How many of `cpus` other programs kept busy since `since` (or over a short wait): their
+    busy time less this process's own, and how that was found; None: unknown."""
+    start = since or sample_cpus(cpus)
+    if start is None:
+        return None
+    time.sleep(max(0.0, MEASURE_SECONDS - (time.monotonic() - start.wall)))
+    end = sample_cpus(cpus)
+    wall = end.wall - start.wall
+    others = (end.busy - start.busy - (end.own - start.own)) / wall
+    return min(max(0.0, others), float(len(cpus))), f"over {wall:.1f} s"
+
+
+def choose_threads(setting: int | str, since: CpuSample | None = None) -> ThreadChoice:
+    """The thread count for `setting`: a number as it is; `auto` this process's share of its
+    usable cores, less those that other programs keep busy, and at least 1."""
+    if setting != "auto":
+        return ThreadChoice(int(setting), "set")
+    cpus = usable_cpus()
+    processes = max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1")))  # torchrun's, on this machine
+    share = max(1, len(cpus) // processes)
+    why = [f"{len(cpus)} usable core{'s' if len(cpus) != 1 else ''}"]
+    if processes > 1:
+        why.append(f"{share} each for {processes} processes")
+    load = busy_cpus(cpus, since)
+    if load is None:
+        return ThreadChoice(share, "auto: " + ", ".join([*why, "load unknown"]))
+    busy, how = load
+    why.append(f"{busy:.1f} busy with other work ({how})" if busy >= 0.05 else "idle")
+    # half a core of other work or more counts as a core taken: a thread there would wait
+    threads = max(1, min(share, int(len(cpus) - busy + 0.5)))
+    return ThreadChoice(threads, "auto: " + ", ".join(why))
+
+
+def apply_threads(setting: int | str, since: CpuSample | None = None) -> ThreadChoice:
+    """Choose the intra-op thread count for `setting` (choose_threads) and give it to torch."""
+    choice = choose_threads(setting, since)
+    torch.set_num_threads(choice.threads)
+    return choice

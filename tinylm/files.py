@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import errno
 import json
+import math
 import os
 import re
 import secrets
@@ -107,20 +108,26 @@ def temporary_name(path: Path, label: str = "tmp") -> Path:
     return path.with_name(f".{path.name}.{label}-{os.getpid()}-{secrets.token_hex(4)}")
 
 
-_LEFTOVER = re.compile(r"^\.(?P<name>.+)\.(tmp|old)-(?P<pid>\d+)-[0-9a-f]+$")
+_LEFTOVER = re.compile(r"^\.(?P<name>.+)\.(?P<label>tmp|old)-(?P<pid>\d+)-[0-9a-f]+$")
 
 
-def sweep_leftovers(directory: str | Path) -> list[str]:
+def sweep_leftovers(directory: str | Path, name: str | None = None) -> list[str]:
     """Remove the temporary files and folders (`temporary_name`) that a killed process left in
-    `directory`: those whose pid no longer runs. Returns their names, for one line of report."""
+    `directory` (those of `name` only, if given): those whose pid no longer runs. A folder
+    moved aside to be replaced (`.old`) whose place is empty is put back instead: it is the only
+    copy. Returns their names, for one line of report."""
     directory = Path(directory)
     removed = []
     for entry in directory.iterdir() if directory.is_dir() else ():
         match = _LEFTOVER.match(entry.name)
-        if not match or psutil.pid_exists(int(match["pid"])):
+        if not match or name not in (None, match["name"]) or psutil.pid_exists(int(match["pid"])):
             continue
-        remove(entry)
-        removed.append(entry.name)
+        with suppress(OSError):  # best effort: what cannot go now goes at a later write
+            if match["label"] == "old" and not os.path.lexists(directory / match["name"]):
+                os.rename(entry, directory / match["name"])
+                continue
+            remove(entry)
+            removed.append(entry.name)
     return removed
 
 
@@ -170,6 +177,7 @@ def replaced_atomically(path: str | Path) -> Iterator[Path]:
     try:
         with reported(path):
             path.parent.mkdir(parents=True, exist_ok=True)
+            sweep_leftovers(path.parent, path.name)  # what a killed writer of `path` left
             yield tmp
             plain_mode(tmp)
             fsync(tmp)
@@ -190,6 +198,7 @@ def published_atomically(directory: str | Path, replace: bool = False) -> Iterat
     made = [p for p in Path(os.path.abspath(directory)).parents if not p.exists()]
     try:
         with reported(directory):
+            sweep_leftovers(directory.parent, directory.name)  # what a killed writer left
             build.mkdir(parents=True)
             yield build
             for path in [*build.rglob("*"), build]:
@@ -208,6 +217,11 @@ def published_atomically(directory: str | Path, replace: bool = False) -> Iterat
                 os.rename(build, directory)
             fsync(directory)
             fsync(directory.parent)
+    except NotWritten as err:  # a file written into the folder: named where it was to go
+        if str(build) not in str(err):
+            raise
+        raise NotWritten(str(err).replace(str(build), str(directory)), err.errno) \
+            from err.__cause__
     finally:
         remove(build)
         if old.exists() and not directory.exists():
@@ -243,3 +257,48 @@ def is_there_as_file(file: Path) -> bool:
         raise ValueError(f"{file} is not a regular file (a FIFO, device or folder): put the "
                          f"model's {file.name} there as a file")
     return True
+
+
+# ---- what comes in from outside: one rule, one helper -------------------------------------------
+
+
+def read_regular_file(path: str | Path, max_bytes: int, what: str) -> bytes:
+    """The bytes of `path` (`what` names it in errors, e.g. "prompt_file"): a regular file of at
+    most max_bytes. Anything else is refused in one line from its stat, never read: a FIFO
+    waits for a writer forever, a device may never end, a huge file would fill the memory."""
+    path = Path(path)
+
+    def refuse(status: os.stat_result) -> None:
+        if not stat.S_ISREG(status.st_mode):
+            kind = "a folder" if stat.S_ISDIR(status.st_mode) else "a pipe or device"
+            raise ValueError(f"{what} {path} is {kind}, not a regular file; give a file")
+        if status.st_size > max_bytes:
+            raise ValueError(f"{what} {path} holds {status.st_size:,} bytes, more than the "
+                             f"{max_bytes:,} it may have")
+    try:
+        refuse(path.stat())
+        # opened without waiting (a FIFO put in its place meanwhile), then checked again
+        flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_BINARY", 0)
+        fd = os.open(path, flags)
+        with open(fd, "rb") as f:
+            refuse(os.fstat(fd))
+            return f.read(max_bytes + 1)[:max_bytes]  # a file growing meanwhile stops here
+    except FileNotFoundError:
+        raise FileNotFoundError(f"{what} {path} does not exist") from None
+    except OSError as err:  # a symlink loop, no permission
+        raise ValueError(f"{what} {path} cannot be read: {err.strerror}") from None
+
+
+def json_number(x) -> float | None:
+    """A number for JSON, which has no NaN or infinity: those become None (null)."""
+    x = float(x)
+    return x if math.isfinite(x) else None
+
+
+def json_numbers(values) -> list | float | None:
+    """Nested lists of json_number, from an array or nested sequences of numbers."""
+    if hasattr(values, "tolist"):
+        values = values.tolist()
+    if isinstance(values, list | tuple):
+        return [json_numbers(v) for v in values]
+    return json_number(values)

@@ -35,9 +35,11 @@ def sample_next(logits: torch.Tensor, temperature: float = 1.0, top_k: int | Non
     if top_p is not None and top_p < 1.0:
         sorted_logits, order = torch.sort(logits, dim=-1, descending=True)
         cumulative = sorted_logits.softmax(dim=-1).cumsum(dim=-1)
-        # Drop a token when the more likely ones before it already reach top_p; the most likely
-        # token always stays, so the distribution is never empty.
+        # Drop a token when the more likely ones before it already reach top_p. The most likely
+        # token always stays, so the distribution is never empty: said outright, since a top_p
+        # below float32's smallest number (1e-46) compares as 0, and 0 >= 0 would drop it too.
         drop_sorted = (cumulative - sorted_logits.softmax(dim=-1)) >= top_p
+        drop_sorted[:, 0] = False
         drop = drop_sorted.scatter(-1, order, drop_sorted)  # back to vocabulary order
         logits = logits.masked_fill(drop, float("-inf"))
     probs = F.softmax(logits, dim=-1)
@@ -96,26 +98,44 @@ def generate(model: TinyLM, idx: torch.Tensor, max_new_tokens: int, temperature:
 class StreamDecoder:
     """Turns token ids into printable text one token at a time.
 
+    A token's text can depend on the tokens before it: a SentencePiece-style decoder (Llama 2's,
+    TinyLlama's: "▁cat" for " cat") strips the space that starts a text, so each token decoded
+    alone would lose its space. Each step therefore decodes the pending tokens after the ones
+    printed last (at first, the prompt's `context`) and returns what they add.
+
     A byte-level token can end in the middle of a multi-byte character (é, emoji); its text then
     ends in U+FFFD. Such tokens are held back until the character is complete.
     """
 
-    def __init__(self, tokenizer):
+    def __init__(self, tokenizer, context: list[int] | None = None):
         self.tokenizer = tokenizer
+        self.context = list(context or [])  # the tokens the pending ones follow
         self.pending: list[int] = []
+
+    def _added(self) -> str:
+        """The text the pending tokens add after the context."""
+        before = self.tokenizer.decode(self.context)
+        text = self.tokenizer.decode(self.context + self.pending)
+        if text.startswith(before):
+            return text[len(before):]
+        # the seam decodes otherwise (a run of byte tokens that the pending ones cut differently):
+        # the pending tokens on their own
+        return self.tokenizer.decode(self.pending)
 
     def push(self, token_id: int) -> str:
         """Add one token; return the text that is now complete (possibly empty)."""
         self.pending.append(token_id)
-        text = self.tokenizer.decode(self.pending)
+        text = self._added()
         if text.endswith("\ufffd") and len(self.pending) < 4:  # a UTF-8 char is at most 4 bytes
             return ""
+        # the next tokens follow these; an incomplete character given up on starts nothing
+        self.context = [] if text.endswith("\ufffd") else self.pending
         self.pending = []
         return text
 
     def flush(self) -> str:
         """Whatever is still held back (an incomplete character at the very end)."""
-        text = self.tokenizer.decode(self.pending) if self.pending else ""
+        text = self._added() if self.pending else ""
         self.pending = []
         return text
 
@@ -123,7 +143,8 @@ class StreamDecoder:
 def encode_prompt(tokenizer, text: str, block_size: int) -> tuple[list[int], int]:
     """Prompt ids, cropped to the last block_size tokens; returns (ids, n_dropped).
 
-    An empty prompt becomes [<|endoftext|>]: the model starts a new document.
+    An empty prompt becomes [<|endoftext|>] (the tokenizer's end-of-text token), or the BOS token a
+    pretrained model's tokenizer starts every text with: the model starts a new document.
     """
     ids = tokenizer.encode(text) if text else []
     if not ids:

@@ -149,8 +149,9 @@ class TinyLM(nn.Module):
                      ) -> torch.Tensor:
         """Blocks layer.. and the final norm on x (B, T, C), the residual stream into block
         `layer`: the states (B, T, C) the LM head reads."""
-        for i, block in enumerate(self.blocks[layer:], start=layer):
-            x = block(x, kv_cache.layer(i) if kv_cache is not None else None)
+        for i, block in enumerate(self.blocks):
+            if i >= layer:  # (a slice of a ModuleList builds a new module: slow per token)
+                x = block(x, kv_cache.layer(i) if kv_cache is not None else None)
         return self.ln_f(x)
 
     def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None,

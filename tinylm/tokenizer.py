@@ -114,7 +114,8 @@ class BPETokenizer(Tokenizer):
 
     A pretrained model's BPE file works too: `eot_id` is then its end-of-text token (the loader
     reads it from config.json), encoding applies the file's post-processor (a BOS token first,
-    where it adds one), and a SentencePiece-style vocabulary ("▁the", "<0x0A>") is labelled too.
+    where it adds one) and decoding leaves that BOS out, and a SentencePiece-style vocabulary
+    ("▁the", "<0x0A>") is labelled too.
     """
 
     def __init__(self, hf_tokenizer: HFTokenizer, eot_id: int | None = None):
@@ -133,6 +134,12 @@ class BPETokenizer(Tokenizer):
         self._bytes_of_symbol = _byte_symbols() if byte_level else None
         # special and added tokens are labelled as written (<|endoftext|>, <s>, <|im_end|>)
         self._added = {i: t.content for i, t in hf_tokenizer.get_added_tokens_decoder().items()}
+        # the special tokens the post-processor puts before every text (Llama's <s>; none in
+        # tinylm's own): decode leaves them out where ids start with them, as encode added them
+        sample = hf_tokenizer.encode("a")
+        text_start = next((i for i, special in enumerate(sample.special_tokens_mask)
+                           if not special), 0)
+        self._prefix = sample.ids[:text_start]
 
     @classmethod
     def train(cls, texts: Iterable[str], vocab_size: int,
@@ -184,7 +191,10 @@ class BPETokenizer(Tokenizer):
 
     def decode(self, ids: Iterable[int]) -> str:
         # A cut through a multi-byte character decodes to U+FFFD (bytes.decode errors="replace").
-        return self.hf.decode([int(i) for i in ids], skip_special_tokens=False)
+        ids = [int(i) for i in ids]
+        if self._prefix and ids[:len(self._prefix)] == self._prefix:
+            ids = ids[len(self._prefix):]  # the BOS encode added: decode(encode(text)) == text
+        return self.hf.decode(ids, skip_special_tokens=False)
 
     def token_strings(self, ids: Iterable[int]) -> list[str]:
         labels = []

@@ -23,11 +23,10 @@ import torch
 from tinylm.bench.config import BenchConfig, nanogpt_option
 from tinylm.bench.sections import Ratio, Row, Section, time_turns
 from tinylm.bench.train import training_step
-from tinylm.device import has_fast_bf16
+from tinylm.device import apply_threads, has_fast_bf16
 from tinylm.generate import generate
 from tinylm.model import ModelConfig, TinyLM
 from tinylm.train.optim import OptimConfig
-from tinylm.train.threads import apply_threads
 
 
 def default_environment(**extra: str) -> dict[str, str]:
@@ -70,7 +69,7 @@ COMPETITORS = {
 # Each condition is timed in a new process, as a command starts: `auto` watches the cores over
 # the process's start-up.
 LOAD_WORKER = (
-    "import json, sys\nfrom tinylm.train.threads import start_sample\nsince = start_sample()\n"
+    "import json, sys\nfrom tinylm.device import start_sample\nsince = start_sample()\n"
     "from tinylm.bench.runs import load_worker\n"
     "print(json.dumps(load_worker(json.loads(sys.argv[1]), since)))\n")
 

@@ -9,26 +9,25 @@ them into a console entry point:
 
 `run_generate` gets a GenerateConfig built from the composed config; every value checked.
 
-Hydra composes conf/ once, through @hydra.main. A bad override ends the command with one line
-naming the key and what is allowed there, built from Hydra's and OmegaConf's exceptions and the
-dataclasses' own checks (tinylm.config).
+Hydra composes conf/ once, through @hydra.main, and runs a sweep (-m) with its own sweeper. One
+place, run_or_exit, ends a command: a bad override in one line naming the key and what is
+allowed there (from Hydra's and OmegaConf's exceptions and the dataclasses' own checks,
+tinylm.config), a full disk in one line, a signal with the shell's status.
 """
 
 from __future__ import annotations
 
-import ast
+from tinylm.cli import starting  # noqa: F401 (first: Ctrl-C while the rest imports)
+
+# isort: split
 import dataclasses
 import errno
-import inspect
-import io
 import itertools
 import os
 import re
 import shlex
 import signal
 import sys
-import textwrap
-import tokenize
 import types
 import typing
 from collections.abc import Callable
@@ -39,7 +38,11 @@ import hydra
 from hydra.core.config_store import ConfigStore
 from hydra.core.hydra_config import HydraConfig
 from hydra.core.override_parser.overrides_parser import OverridesParser
-from hydra.errors import HydraException, MissingConfigException, OverrideParseException
+from hydra.errors import (
+    HydraException,
+    MissingConfigException,
+    OverrideParseException,
+)
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import (
     ConfigAttributeError,
@@ -49,9 +52,10 @@ from omegaconf.errors import (
 )
 from safetensors import SafetensorError
 
-from tinylm.config import ConfigError, to_dataclass
+from tinylm.config import ConfigError, flag, to_dataclass
 from tinylm.files import PACKAGE_DIR, NotWritten, not_written
 from tinylm.train.run_config import RunConfig
+from tinylm.train.runtime import STOP
 
 T = TypeVar("T")
 ERRORS = (ValueError, FileNotFoundError)  # what a command reports as bad input, in one line
@@ -91,59 +95,74 @@ def register(schemas: dict[str, type]) -> None:
 
 # ------------------------------------------------------------------------------- the entry
 
+Ending = Callable[[Any, Any], str]  # (what ended it, the options built so far, or None) -> text
+
 
 def command(prog: str, config_name: str, schema: type, run: Callable[[Any], Any],
             build: Callable[[dict], Any] | None = None, schemas: dict[str, type] | None = None,
             groups: tuple[str, ...] = (), errors: tuple[type[Exception], ...] = ERRORS,
-            refused: Callable[[], None] | None = None) -> Callable[[], Any]:
+            refused: Callable[[], None] | None = None, before: Callable[[], None] | None = None,
+            intact: Ending | None = None, interrupted: Ending | None = None
+            ) -> Callable[[], Any]:
     """The console entry point of a command: compose conf/<config_name>.yaml with the command
-    line through @hydra.main, `build` the options from it and `run` them.
+    line through @hydra.main, `build` the options from it and `run` them; run_or_exit ends it.
 
     `schema` is the dataclass whose fields are the config's top-level keys: it names what is
     allowed in an error, and `build` defaults to it. `schemas`: what the YAML files extend
     (default: `schema` as `<config_name>_schema`); `groups`: the config groups chosen in the
     defaults list that have no key of their own (experiment=...). A bad input (`errors`) ends
-    the command in one line; a bad config value calls `refused` first.
+    the command in one line; a bad config value calls `refused` first; `before` checks the
+    command line before Hydra reads it. `intact(when, options)` and `interrupted(err, options)`
+    say what a full disk or a signal left, where the command knows more than "run it again".
     """
     build = build or (lambda values: to_dataclass(schema, values, config_name))
+    built: dict[str, Any] = {}  # the options of the job now running, for the last line
+
+    def ending(action: Callable[[], T]) -> T:  # the same ending, whatever raised
+        return run_or_exit(
+            prog, action, errors=errors, schema=schema, groups=groups,
+            intact=intact and (lambda when: intact(when, built.get("options"))),
+            interrupted=interrupted and (lambda err: interrupted(err, built.get("options"))))
 
     def start(cfg: DictConfig) -> Any:
         try:
-            refuse_loose_bools(schema, HydraConfig.get().overrides.task)
-            refuse_schema_choice(HydraConfig.get().overrides.task)
-            options = build(OmegaConf.to_container(cfg, resolve=True))
+            check_overrides(schema, HydraConfig.get().overrides.task)
+            built["options"] = build(OmegaConf.to_container(cfg, resolve=True))
         except ConfigError:
             if refused is not None:
                 refused()
             raise
-        return run(options)
+        return run(built["options"])
 
     @hydra.main(version_base="1.3", config_path=str(config_dir()), config_name=config_name)
     def compose_and_run(cfg: DictConfig) -> Any:
-        return run_or_exit(prog, lambda: start(cfg), errors=errors)
+        # ended here, inside the job: Hydra would print a line of its own over an exception
+        return ending(lambda: start(cfg))
 
     def main() -> Any:
         print_what_stdout_can()
-        stop_on_sigterm()
+        STOP.install()  # from here a signal ends the command through run_or_exit
         register(schemas or {f"{config_name}_schema": schema})
         register_help(prog, config_name, schema, groups)
         # Hydra prints its composition errors over several lines and exits, unless this
-        # documented switch asks it to raise them: then they are told here in one line.
+        # documented switch asks it to raise them: then run_or_exit tells them in one line.
         os.environ["HYDRA_FULL_ERROR"] = "1"
 
-        def compose_or_one_line() -> Any:
-            try:
-                return compose_and_run()
-            except (HydraException, OmegaConfBaseException) as err:  # some are OSErrors
-                sys.exit(f"{prog}: error: {one_line(err, schema, groups)}")
-        return run_or_exit(prog, compose_or_one_line, errors=())
+        def compose() -> Any:
+            refuse_what_hydra_cannot_read(schema, groups)
+            if before is not None:
+                before()
+            return compose_and_run()
+        return ending(compose)  # the command line, Hydra's composition, a sweep's check
     return main
 
 
-def run_or_exit(prog: str, action: Callable[[], T], interrupted: str = "interrupted",
-                errors: tuple[type[Exception], ...] = ERRORS,
-                intact: Callable[[str], str] | None = None) -> T:
-    """Run `action`; a bad input exits with one line `<prog>: error: ...`, not a traceback.
+def run_or_exit(prog: str, action: Callable[[], T], errors: tuple[type[Exception], ...] = ERRORS,
+                intact: Callable[[str], str] | None = None,
+                interrupted: Callable[[BaseException], str] | None = None,
+                schema: type | None = None, groups: tuple[str, ...] = ()) -> T:
+    """Run `action`; end the command in one line `<prog>: error: ...`, never a traceback: a bad
+    input (`errors`), a value Hydra or OmegaConf refused (one_line, in `schema`'s words).
 
     A write the disk refused (a full disk) is one line too: what could not be written where, the
     free space, and then `intact(when)`: what is still intact and the command that continues
@@ -151,9 +170,12 @@ def run_or_exit(prog: str, action: Callable[[], T], interrupted: str = "interrup
 
     Ctrl-C exits with 130 and SIGTERM with 143 (128 + the signal), as a shell reports a process
     the signal ended: a script running the command sees that it was stopped, not that it failed.
+    `interrupted(err)` says what the stop left (default: "interrupted"; "": nothing to say).
     """
     try:
         return action()
+    except (HydraException, OmegaConfBaseException) as err:  # some are OSErrors, or ValueErrors
+        sys.exit(f"{prog}: error: {one_line(err, schema, groups)}")
     except errors as err:
         sys.exit(f"{prog}: error: {err}")
     except (OSError, SafetensorError) as err:
@@ -163,7 +185,10 @@ def run_or_exit(prog: str, action: Callable[[], T], interrupted: str = "interrup
             "once it can be written there"
         sys.exit(f"{prog}: error: {err}; {(intact or same_command_again(prog))(when)}")
     except KeyboardInterrupt as err:
-        print(f"\n{prog}: {interrupted}", file=sys.stderr)
+        STOP.ignore()  # one more Ctrl-C on the way out changes nothing
+        said = interrupted(err) if interrupted else "interrupted"
+        if said:
+            print(f"\n{prog}: {said}", file=sys.stderr)
         sys.exit(128 + getattr(err, "signum", signal.SIGINT))
 
 
@@ -194,16 +219,6 @@ def hydra_reads(value: str) -> bool:
         return False
 
 
-def stop_on_sigterm() -> None:
-    """SIGTERM (a `kill`, a scheduler's stop) ends the command as Ctrl-C does, through its
-    cleanup: temporary files and lock files are removed, not left behind."""
-    def interrupt(signum: int, frame: object) -> None:
-        err = KeyboardInterrupt()
-        err.signum = signum
-        raise err
-    signal.signal(signal.SIGTERM, interrupt)
-
-
 def print_what_stdout_can() -> None:
     """Print "?" for a character stdout's encoding has no code for, instead of stopping there
     (Windows encodes redirected output in its ANSI code page, which lacks √, · and U+FFFD)."""
@@ -214,13 +229,45 @@ def print_what_stdout_can() -> None:
 # -------------------------------------------------------------------------- bad input, one line
 
 
-def refuse_loose_bools(schema: type, overrides: list[str]) -> None:
-    """Refuse a bool field given anything but true or false: OmegaConf reads "no", "off" or "1"
-    as a bool, and a typo must never flip a setting silently."""
-    for override in overrides:
-        key, value = key_and_value(override)
-        if field_type(schema, key) is bool and value.lower() not in ("true", "false"):
-            raise ConfigError(f"{key}={value} is not allowed: must be true or false")
+def refuse_what_hydra_cannot_read(schema: type, groups: tuple[str, ...]) -> None:
+    """Options are key=value, each one word to the shell. `--checkpoint RUN` (which Hydra's
+    parser refuses with its usage lines) and a value's words left unquoted (`prompt=Once upon a
+    time`, where Hydra names only "upon") are refused with the override to paste."""
+    args = sys.argv[1:]
+    for i, arg in enumerate(args):
+        key, equals, value = arg.lstrip("-").partition("=")
+        if arg.startswith("--") and (field_type(schema, key) or key in groups):
+            if not equals and args[i + 1:i + 2] and args[i + 1][:1] != "-":
+                arg, value = f"{arg} {args[i + 1]}", args[i + 1]
+            raise ConfigError(f"{arg}: options are key=value: "
+                              f"{pasted(key, value) if value else f'{key}=<value>'}")
+        previous = args[i - 1] if i else "-"
+        if "=" not in arg and arg[:1] not in "-~" and "=" in previous and previous[0] != "-":
+            words = list(itertools.takewhile(lambda a: "=" not in a and a[:1] not in "-~",
+                                             args[i:]))
+            key, _, first = previous.partition("=")
+            raise ConfigError(f"{shlex.join([previous, *words])}: options are key=value, one "
+                              f"word each; quote a value with spaces: "
+                              f"{shell_word(key, ' '.join([first, *words]), quoted=True)}")
+
+
+def pasted(key: str, value: str) -> str:
+    """key=value as typed, quoted for the shell; in Hydra's quotes too where Hydra needs them."""
+    try:
+        OverridesParser.create().parse_override(f"{key}={value}")
+        return shlex.quote(f"{key}={value}")
+    except HydraException:
+        return shell_word(key, value, quoted=True)
+
+
+def check_overrides(schema: type, overrides: list[str]) -> None:
+    """What OmegaConf lets through from the command line: a bool given as no, off or 1 (which it
+    reads as a bool) is held to tinylm.config.flag's rule, as Hydra reads the value; a group's
+    schema chosen as an option is refused (refuse_schema_choice)."""
+    for override in OverridesParser.create().parse_overrides(overrides):
+        if field_type(schema, override.key_or_group) is bool and not override.is_delete():
+            flag(override.key_or_group, override.value())
+    refuse_schema_choice(overrides)
 
 
 def refuse_schema_choice(overrides: list[str]) -> None:
@@ -294,6 +341,8 @@ def one_line(err: Exception, schema: type, groups: tuple[str, ...] = ()) -> str:
             value = value[1:-1]  # quoted once for Hydra, where a quote inside ended it
         quote = f"; quote the value if it holds spaces or symbols: " \
                 f"{shell_word(key, value, quoted=True)}" if value else ""
+        if "=" not in (err.override or "="):  # a word alone: options are key=value
+            return f"{err.override}: options are key=value; --help lists them"
         return f"{err.override}: {err.message.splitlines()[0]}{quote}"
     ambiguous = re.match(r"Ambiguous value for argument '(.*)'", str(err))
     if ambiguous:  # a comma in a value: Hydra's sweep key=a,b, run without --multirun
@@ -322,125 +371,26 @@ def type_rule(owner: Any, key: Any) -> str:
 
 # ------------------------------------------------------------------------------------- --help
 
-NOT_AN_OPTION = "?"  # a value no rule allows: what a field's check says of it is its rule
-HELP_WIDTH = 100
-
 
 def register_help(prog: str, config_name: str, schema: type, groups: tuple[str, ...]) -> None:
-    """Give the template of conf/hydra/help/tinylm.yaml its parts, ${tinylm.help:<part>}, for
-    this command; OmegaConf passes `_root_`, the config composed with the command line."""
+    """Give Hydra's help template, conf/hydra/help/tinylm.yaml (every option as composed, with
+    the command line: Hydra's $CONFIG), this command's parts, ${tinylm.help:<part>}: its name,
+    what it does and its examples (the comment that opens conf/<config_name>.yaml: its first
+    line, and its lines `#   <prog> ...`), and each config group's choice with its options."""
     def part(name: str, _root_: DictConfig) -> str:
-        comment = opening_comment(config_name)
-        parts = {
+        lines = (config_dir() / f"{config_name}.yaml").read_text(encoding="utf-8").splitlines()
+        comment = [line[1:] for line in itertools.takewhile(lambda x: x[:1] == "#", lines)]
+        chosen = _root_.hydra.runtime.choices
+        text = {
             "prog": lambda: prog,
             "about": lambda: comment[0].strip() if comment else prog,
             "examples": lambda: "\n".join(f"  {line.strip()}" for line in comment
-                                          if line.startswith("  ") and line.split()[:1] == [prog]),
-            "options": lambda: options_help(schema, groups, _root_),
-        }
-        return parts[name]().replace("$", "$$")  # Hydra fills the template in with $NAME
+                                          if line.split()[:1] == [prog]),
+            "groups": lambda: "".join(
+                f"\n  {group}={chosen.get(group) or 'null'}  (choices: "
+                f"{', '.join(group_choices(group))})"
+                for group in [*(f.name for f in dataclasses.fields(schema)), *groups]
+                if group in chosen).replace("\n", "\nConfig groups (group=choice):\n", 1),
+        }[name]()
+        return text.replace("$", "$$")  # Hydra fills the template in with $NAME
     OmegaConf.register_new_resolver("tinylm.help", part, replace=True)
-
-
-def opening_comment(config_name: str) -> list[str]:
-    """The lines of the comment that opens conf/<config_name>.yaml, without their '#': its
-    first line says what the command does; lines `#   <prog> ...` are its examples."""
-    lines = (config_dir() / f"{config_name}.yaml").read_text(encoding="utf-8").splitlines()
-    return [line[1:] for line in itertools.takewhile(lambda line: line.startswith("#"), lines)]
-
-
-def options_help(schema: type, groups: tuple[str, ...], root: DictConfig) -> str:
-    """The options of `schema` as composed in `root`: key=value, what it is (the comment beside
-    its field) and what its check allows; a config group as group=choice and its choices; then
-    the `groups` that have no key of their own."""
-    chosen = root.hydra.runtime.choices
-    values = OmegaConf.to_container(root, resolve=False)
-    described = field_comments(schema)
-    options, chosen_groups = [], []
-    for field in dataclasses.fields(schema):
-        name, kind = field.name, field_type(schema, field.name)
-        if name in chosen:
-            chosen_groups.append((f"{name}={chosen[name]}", f"{summary(kind)}; choices: "
-                                  f"{', '.join(group_choices(name))}"))
-        elif dataclasses.is_dataclass(kind):  # keys in a section of their own (bench's)
-            options.append((f"{name}.<key>=<value>", summary(kind)))
-        else:
-            rule = allowed(schema, name)
-            text = " ".join(filter(None, [described.get(name), rule and f"({rule})"]))
-            options.append((f"{name}={typed(values.get(name))}", text))
-    chosen_groups += [(f"{group}={chosen.get(group) or 'null'}", "a preset: values across "
-                       f"the groups above; choices: {', '.join(group_choices(group))}")
-                      for group in groups]
-    sections = [("Options (key=value: the value in effect):", options),
-                ("Config groups (group=choice; group.key=value sets one of its values):",
-                 chosen_groups)]
-    return "\n\n".join(table(title, rows) for title, rows in sections if rows)
-
-
-def table(title: str, rows: list[tuple[str, str]]) -> str:
-    """`title`, then each (key, text) row with the texts aligned and wrapped to HELP_WIDTH."""
-    width = min(max(len(key) for key, _ in rows), 24)
-    lines = [title]
-    for key, text in rows:
-        lines.append(textwrap.fill(text, HELP_WIDTH, initial_indent=f"  {key:<{width}}  ",
-                                   subsequent_indent=" " * (width + 4), break_on_hyphens=False)
-                     if text else f"  {key}")
-    return "\n".join(lines)
-
-
-def typed(value: Any) -> str:
-    """`value` as an override spells it: null, true, [a,b]."""
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return str(value).lower()
-    if isinstance(value, list):
-        return f"[{','.join(map(typed, value))}]"
-    return str(value) if value != "" else "''"
-
-
-def summary(cls: type) -> str:
-    """What dataclass `cls` holds: its docstring up to the `;` before it names its YAML files,
-    lowercase as the comments beside fields ("Shape of the model" -> "shape of the model")."""
-    text = " ".join((inspect.getdoc(cls) or "").split(";")[0].split()).rstrip(".")
-    return text[:1].lower() + text[1:] if text[1:2].islower() else text
-
-
-def allowed(schema: type, name: str) -> str:
-    """What field `name` of `schema` allows, in its own check's words (tinylm.config: `key=value
-    is not allowed: <rule>`), e.g. "allowed: best, last"; "" where any value of its type goes."""
-    try:
-        schema(**{name: NOT_AN_OPTION})
-    except Exception as err:  # a rule across fields, or a check that assumes the type: no rule
-        refused = f"{name}={NOT_AN_OPTION!r} is not allowed"
-        if isinstance(err, ConfigError) and str(err).startswith(refused):
-            return str(err).removeprefix(refused).lstrip(":; ").removeprefix("must be ")
-    return ""
-
-
-def field_comments(cls: type) -> dict[str, str]:
-    """The comment beside each field of dataclass `cls` in its source, or for a field with none
-    there, the comment lines right above it: where each option is described, once."""
-    try:
-        source = textwrap.dedent(inspect.getsource(cls))
-    except (OSError, TypeError):  # made at run time (run_schema()): no source, no comments
-        return {}
-    comments = {token.start[0]: token for token in
-                tokenize.generate_tokens(io.StringIO(source).readline)
-                if token.type == tokenize.COMMENT}
-
-    def text(row: int) -> str:
-        return comments[row].string.lstrip("#").strip()
-
-    def whole_line(row: int) -> bool:
-        return row in comments and comments[row].line.lstrip().startswith("#")
-
-    described = {}
-    for node in ast.parse(source).body[0].body:
-        if not (isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name)):
-            continue
-        beside = [text(row) for row in range(node.lineno, node.end_lineno + 1)
-                  if row in comments and not whole_line(row)]
-        above = list(itertools.takewhile(whole_line, range(node.lineno - 1, 0, -1)))[::-1]
-        described[node.target.id] = " ".join(beside or map(text, above))
-    return described

@@ -31,14 +31,14 @@ from tinylm.cli import command
 from tinylm.cli.loading import load_for_command
 from tinylm.cli.sizes import refuse_qkv_file, refuse_unprintable
 from tinylm.config import ConfigError, at_least, bad, check
-from tinylm.files import published_atomically
+from tinylm.device import check_threads_setting
+from tinylm.files import published_atomically, read_regular_file
 from tinylm.inspection.walkthrough import (
     Explanation,
     explain_given_multi_head,
     explain_given_qkv,
     explain_model_head,
 )
-from tinylm.train.threads import check_threads_setting
 
 QKV_FILE_KEYS = ("q", "k", "v", "x")
 # The numbers are float32, exact to about 7 significant digits: more decimals show only rounding.
@@ -64,12 +64,14 @@ class ExplainConfig:
     text: str | None = None  # checkpoint mode: the text whose attention is explained
     layer: int = 0  # checkpoint mode: the layer of the head explained
     head: int = 0  # checkpoint mode: the head explained
-    query: int | str | None = None  # row to walk through: index, or a word in checkpoint mode
+    query: int | str | None = None  # row to walk through: an index from 0 (query=0 is q0, the
+    #                                 explainer's "query 1"; negative from the end) or, in
+    #                                 checkpoint mode, a token's text
     top: int = 8  # checkpoint mode: longer rows are shortened to the `top` largest weights
     digits: int = 4  # decimals shown
     png: str | None = None  # write the scores/weights heatmaps here
     logdir: str | None = None  # ... and/or to TensorBoard in this directory
-    threads: int | str = "auto"  # checkpoint mode: torch intra-op threads (tinylm/train/threads.py)
+    threads: int | str = "auto"  # checkpoint mode: torch intra-op threads (tinylm/device.py)
 
     def __post_init__(self):
         check(self, digits=at_least(0), top=at_least(1), layer=at_least(0), head=at_least(0),
@@ -133,13 +135,11 @@ def to_matrix(name: str, value: Any) -> torch.Tensor:
 def read_qkv_file(path: str) -> dict[str, Any]:
     """Read a JSON or YAML file that maps some of q, k, v, x to lists of rows."""
     file = Path(path)
-    if not file.exists():
-        raise FileNotFoundError(f"qkv_file={path!r} does not exist")
-    if not file.is_file():  # a directory, a pipe or a device: it may never end
-        raise ValueError(f"qkv_file={path!r} is not a regular file; name a JSON or YAML file")
-    refuse_qkv_file(path, file.stat().st_size)
+    size = file.stat().st_size if file.is_file() else 0  # others: refused below, unread
+    refuse_qkv_file(path, size)  # before a byte is read: parsing it must fit in memory
+    raw = read_regular_file(file, size, "qkv_file")
     try:
-        data = yaml_in(file)
+        data = yaml_in(raw)
     except ValueError as err:
         raise ValueError(f"qkv_file={path!r} is not valid JSON or YAML: {err}") from None
     if not isinstance(data, dict) or not data:

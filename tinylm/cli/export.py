@@ -65,7 +65,7 @@ def run_export(cfg: ExportConfig, out=None) -> Path:
     out = out or sys.stdout
     if not cfg.checkpoint:
         raise ValueError(checkpoint_required())
-    if not cfg.checkpoint or not cfg.out:
+    if not cfg.out:
         raise ValueError("checkpoint= and out= are required: tinylm-export checkpoint=<run dir> "
                          "out=<folder to write>")
     folder = Path(cfg.out)

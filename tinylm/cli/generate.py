@@ -10,10 +10,7 @@ does; the sampling itself is tinylm/generate.py.
 
 from __future__ import annotations
 
-import os
-import select
 import shlex
-import stat
 import sys
 import time
 from dataclasses import asdict, dataclass
@@ -22,18 +19,14 @@ from typing import Any
 
 import torch
 
-from tinylm.checkpoint import default_logdir
 from tinylm.cli import command
 from tinylm.cli.loading import load_for_command
+from tinylm.cli.report_dirs import report_dir
 from tinylm.cli.sizes import refuse_prompt_file, refuse_samples
 from tinylm.config import ConfigError, at_least, bad, check, choice, number, within
+from tinylm.device import check_threads_setting
+from tinylm.files import read_regular_file
 from tinylm.generate import MIN_TEMPERATURE, StreamDecoder, encode_prompt, generate
-from tinylm.train.threads import check_threads_setting
-
-# How long a prompt file that is a pipe or a device (/dev/stdin, <(command)) may go silent
-PROMPT_WAIT_S = 10
-FILE_KINDS = {stat.S_ISFIFO: "a pipe", stat.S_ISCHR: "a character device",
-              stat.S_ISBLK: "a block device", stat.S_ISSOCK: "a socket"}
 
 
 def temperature_rule(key: str, value: Any) -> None:
@@ -50,8 +43,9 @@ class GenerateConfig:
     """Options of tinylm-generate; the schema of conf/generate.yaml (defaults: here only)."""
 
     checkpoint: str | None = None  # a run directory, its checkpoints/, or one checkpoint directory
-    prompt: str | None = ""  # empty: start from <|endoftext|>, i.e. a fresh story
-    prompt_file: str | None = None  # read the prompt from this file instead
+    prompt: str | None = ""  # empty: start from <|endoftext|> (or the model's BOS): a fresh story
+    prompt_file: str | None = None  # read the prompt from this UTF-8 file instead (its last
+    #                                   line break dropped: the text goes on after the last word)
     max_new_tokens: int = 200  # tokens to sample after the prompt
     temperature: float = 0.8  # 0 = greedy (always the most likely token)
     top_k: int | None = None  # sample only among the k most likely tokens
@@ -62,7 +56,8 @@ class GenerateConfig:
     use_cache: bool = True  # false: recompute the whole context at every step (slow, for checks)
     prefer: str = "best"  # which checkpoint of a run: best or last
     inspect: bool = False  # write every head's attention over the text to TensorBoard
-    logdir: str | None = None  # where inspect writes; default <run dir>/inspect/<timestamp>
+    logdir: str | None = None  # where inspect writes; default <run dir>/inspect/<timestamp>;
+    #                            one holding an earlier report: a new <timestamp> folder in it
     top_words: int = 3  # inspect: earlier words listed per head for each pronoun
     threads: int | str = "auto"  # torch intra-op threads; auto: the idle usable cores
 
@@ -78,46 +73,28 @@ class GenerateConfig:
             raise ConfigError("give either prompt= or prompt_file=, not both")
 
 
-def _read_prompt(cfg: GenerateConfig) -> str:
-    """The prompt: prompt=, or the UTF-8 text of prompt_file=: a file, or a pipe or device
-    (/dev/stdin, <(command), /dev/null) read to its end, as long as it does not go silent."""
+def _read_prompt(cfg: GenerateConfig, tokenizer) -> str:
+    """The prompt: prompt=, or the UTF-8 text of prompt_file= (a regular file; anything else is
+    refused in one line), without the line break that ends its last line."""
     if not cfg.prompt_file:
         return cfg.prompt
     path = Path(cfg.prompt_file)
-    if path.is_dir():
-        raise ValueError(f"prompt_file={path} is a directory; name a UTF-8 text file")
-    if not path.exists():
-        raise FileNotFoundError(f"prompt_file {path} does not exist")
-    try:  # without O_NONBLOCK, opening a pipe that no program writes to would wait forever
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
-    except OSError as err:
-        raise ValueError(f"prompt_file {path} cannot be read: {err.strerror}") from None
-    try:
-        status = os.fstat(fd)
-        kind = next((k for is_kind, k in FILE_KINDS.items() if is_kind(status.st_mode)), None)
-        shown = f"{path} ({kind})" if kind else str(path)
-        data = bytearray()
-        while True:
-            refuse_prompt_file(shown, max(len(data), status.st_size))
-            if kind and os.name == "posix" and not select.select([fd], [], [], PROMPT_WAIT_S)[0]:
-                raise ValueError(f"prompt_file={shown} sent nothing for {PROMPT_WAIT_S} s; give "
-                                 "a file, or a pipe that a program writes the prompt to and "
-                                 "closes")
-            chunk = os.read(fd, 1 << 20)
-            if not chunk:
-                break
-            data += chunk
-    finally:
-        os.close(fd)
+    size = path.stat().st_size if path.is_file() else 0  # others: refused below, unread
+    refuse_prompt_file(str(path), size)  # before a byte is read: reading it must fit in memory
+    data = read_regular_file(path, size, "prompt_file")  # one that grows meanwhile stops there
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as err:
         raise ValueError(f"prompt_file {path} is not UTF-8 text (byte {err.start}: "
                          f"{err.reason})") from None
+    # newlines as read_text gives them; an editor ends the last line with one, which is no part
+    # of the prompt: the text goes on after "She", not on a new line
+    text = text.replace("\r\n", "\n").replace("\r", "\n").removesuffix("\n")
     if not text:
-        print(f"note: prompt_file={shown} is empty: starting from <|endoftext|>, a fresh story",
+        start = "".join(tokenizer.token_strings(encode_prompt(tokenizer, "", 1)[0]))
+        print(f"note: prompt_file={path} is empty: starting from {start}, a fresh story",
               file=sys.stderr)
-    return text.replace("\r\n", "\n").replace("\r", "\n")  # newlines as read_text gives them
+    return text
 
 
 def run_generate(cfg: GenerateConfig, out=None) -> list[str]:
@@ -131,7 +108,7 @@ def run_generate(cfg: GenerateConfig, out=None) -> list[str]:
     ckpt, device = loaded.checkpoint, loaded.device
     model, tokenizer = ckpt.model, ckpt.tokenizer
     block_size = model.config.block_size
-    prompt = _read_prompt(cfg) or ""  # prompt=null reads as empty
+    prompt = _read_prompt(cfg, tokenizer) or ""  # prompt=null reads as empty
     prompt_ids, dropped = encode_prompt(tokenizer, prompt, block_size)
     refuse_samples(model.config, len(prompt_ids), cfg.max_new_tokens, cfg.num_samples,
                    cfg.inspect)
@@ -143,6 +120,7 @@ def run_generate(cfg: GenerateConfig, out=None) -> list[str]:
     print(loaded.line(f"{model.num_params() / 1e6:.2f}M parameters, block_size={block_size}"),
           file=sys.stderr)
 
+    end = tokenizer.token_strings([tokenizer.eot_id])[0]  # <|endoftext|>, Llama's </s>, ...
     generator = torch.Generator(device=device).manual_seed(cfg.seed)
     idx = torch.tensor([prompt_ids], dtype=torch.long, device=device)
     texts = []
@@ -150,7 +128,7 @@ def run_generate(cfg: GenerateConfig, out=None) -> list[str]:
         if cfg.num_samples > 1:
             print(f"--- sample {i + 1}/{cfg.num_samples} ---", file=out, flush=True)
         print(prompt, end="", file=out, flush=True)
-        stream = StreamDecoder(tokenizer)
+        stream = StreamDecoder(tokenizer, prompt_ids)  # the text continues the prompt
         pieces: list[str] = []
 
         def show(next_id: torch.Tensor, stream=stream, pieces=pieces) -> None:
@@ -168,14 +146,16 @@ def run_generate(cfg: GenerateConfig, out=None) -> list[str]:
         n_new = seq.size(1) - idx.size(1)
         stopped = n_new > 0 and int(seq[0, -1]) == tokenizer.eot_id
         print(f"[{n_new} tokens in {seconds:.2f}s, {n_new / max(seconds, 1e-9):.0f} tokens/s"
-              f"{', stopped at <|endoftext|>' if stopped else ''}]", file=sys.stderr)
+              f"{f', stopped at {end}' if stopped else ''}]", file=sys.stderr)
         texts.append("".join(pieces))
 
     if cfg.inspect:
         # deliberately lazy: matplotlib and TensorBoard's writer cost a plain generate ~1 s
         from tinylm.inspection.report import inspect_texts
 
-        logdir = Path(cfg.logdir) if cfg.logdir else default_logdir(ckpt.directory)
+        logdir, note = report_dir(cfg.logdir, ckpt.directory, "inspect")
+        if note:
+            print(note, file=sys.stderr)
         # the prompt as the user wrote it (an empty prompt's <|endoftext|> is not text)
         inspect_texts(model, tokenizer, [prompt + text for text in texts], logdir,
                       prompt_chars=len(prompt), top_words=cfg.top_words,

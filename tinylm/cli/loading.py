@@ -1,5 +1,6 @@
 """How the commands that read a checkpoint (generate, probe, explain, export) load it: the
-checkpoint or hf:<id>, on the device asked for, then torch's threads, and the start-up line."""
+checkpoint or hf:<id>, on the device asked for, with torch's threads chosen beside it
+(tinylm.device), and the start-up line."""
 
 from __future__ import annotations
 
@@ -14,8 +15,7 @@ from hydra.core.hydra_config import HydraConfig
 
 from tinylm.checkpoint import CHECKPOINTS_DIR, Checkpoint, load_checkpoint, tagged_checkpoint
 from tinylm.cli import key_and_value, shell_word
-from tinylm.device import resolve_device
-from tinylm.train.threads import ThreadChoice, apply_threads, start_sample
+from tinylm.device import ThreadChoice, apply_threads, resolve_device, start_sample
 
 
 @dataclass
@@ -24,26 +24,25 @@ class Loaded:
 
     checkpoint: Checkpoint
     device: torch.device
-    threads: ThreadChoice | None
+    threads: ThreadChoice
 
     def line(self, what: str) -> str:
         """The start-up line, e.g. "loaded <dir> (<what>) on cpu, 2 threads (auto: ...)"."""
-        threads = self.threads.suffix_on(self.device) if self.threads else ""
-        return f"loaded {self.checkpoint.directory} ({what}) on {self.device}{threads}"
+        return f"loaded {self.checkpoint.directory} ({what}) on {self.device}" \
+               f"{self.threads.suffix_on(self.device)}"
 
 
 def load_for_command(checkpoint: str | None, device: str = "cpu", prefer: str = "best",
-                     threads: int | str | None = None) -> Loaded:
+                     threads: int | str = "auto") -> Loaded:
     """Load `checkpoint` (a run directory, one checkpoint directory, or hf:<id>) onto `device`,
-    then give torch `threads` (None: leave them as they are)."""
+    then give torch `threads`: a command's `threads=` (export has none: auto)."""
     if not checkpoint:
         raise ValueError(checkpoint_required())
     # threads=auto watches the cores while the checkpoint loads, and leaves those busy elsewhere
-    cpu_sample = start_sample() if threads is not None else None
+    cpu_sample = start_sample()
     resolved = resolve_device(device)
     ckpt = load_checkpoint(checkpoint, device=resolved, prefer=prefer)
-    chosen = apply_threads(threads, cpu_sample) if threads is not None else None
-    return Loaded(ckpt, resolved, chosen)
+    return Loaded(ckpt, resolved, apply_threads(threads, cpu_sample))
 
 
 def checkpoint_required() -> str:

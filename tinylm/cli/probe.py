@@ -23,17 +23,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tinylm.checkpoint import default_logdir
 from tinylm.cli import command
 from tinylm.cli.loading import load_for_command
+from tinylm.cli.report_dirs import report_dir
 from tinylm.cli.sizes import refuse_batch
 from tinylm.config import ConfigError, at_least, check, choice
+from tinylm.device import check_threads_setting
 from tinylm.files import published_atomically, write_json_atomic
-from tinylm.inspection.capture import capture_attention
+from tinylm.inspection.capture import capture_attention, kv_groups, kv_heads
 from tinylm.inspection.probe import probe_files
 from tinylm.inspection.probe_report import write_probe_figures
 from tinylm.inspection.probe_types import Agreement, Patching, load_probe_file, probe
-from tinylm.train.threads import check_threads_setting
 
 PAIRS_SHOWN = 8  # pairs whose attention the tab shows beside their patching
 
@@ -46,7 +46,8 @@ class ProbeConfig:
     # Any: OmegaConf has no "str or list"
     probe_file: Any = None  # JSONL file(s); None: the shipped data/probes/ sets
     out: str | None = None  # the JSON report; None: <logdir>/probe.json
-    logdir: str | None = None  # TensorBoard heatmaps; None: <run dir>/probe/<timestamp>
+    logdir: str | None = None  # TensorBoard heatmaps; None: <run dir>/probe/<timestamp>;
+    #                            one holding an earlier report: a new <timestamp> folder in it
     # remove each head in turn and measure the agreement margins: true (or zero): zeroed;
     # mean: zeroed, and also replaced by its mean output over the probe's texts
     ablate: bool | str = False
@@ -114,11 +115,16 @@ def run_probe(cfg: ProbeConfig, out=None) -> dict:
               " whose text up to the pronoun has as many tokens, e.g. "
               f"probe_file=data/probes/agreement.jsonl; no patching done{why}", file=sys.stderr)
 
-    logdir = Path(cfg.logdir) if cfg.logdir else default_logdir(ckpt.directory, "probe")
+    logdir, note = report_dir(cfg.logdir, ckpt.directory, "probe")
+    if note:
+        print(note, file=sys.stderr)
     json_path = Path(cfg.out) if cfg.out else logdir / "probe.json"
     written = {"checkpoint": str(ckpt.directory), "probe_files": [str(p) for p in files],
                "logdir": str(logdir), **report.to_json()}
     console = report.console(cfg.top_heads)
+    groups = kv_groups(c.n_head, kv_heads(model))
+    if groups:  # the heads of a group attend with the same keys: say which they are
+        console = [groups, *console]
     texts = patched_texts(model, ckpt.tokenizer, patching)
     with published_atomically(logdir) as folder:
         write_probe_figures(report, folder, console, texts)

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import itertools
 import logging
 import logging.handlers
 import os
@@ -25,26 +24,20 @@ from collections.abc import Callable
 from pathlib import Path
 
 import torch.distributed as dist
-from hydra import compose, initialize_config_dir
 from hydra.core.hydra_config import HydraConfig
 from hydra.core.override_parser.overrides_parser import OverridesParser
-from hydra.core.override_parser.types import Override
 from hydra.errors import HydraException
-from omegaconf import OmegaConf
+from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from tinylm.checkpoint import CHECKPOINTS_DIR, tagged_checkpoint
 from tinylm.checkpoint_configs import yaml_in
 from tinylm.cli import (
+    check_overrides,
     command,
-    config_dir,
     given,
     key_and_value,
     one_line,
-    refuse_loose_bools,
-    refuse_schema_choice,
-    register,
-    run_or_exit,
     run_schema,
     run_schemas,
     same_command_again,
@@ -52,7 +45,7 @@ from tinylm.cli import (
 )
 from tinylm.config import ConfigError
 from tinylm.corpus import HubError, data_root, resolve_files
-from tinylm.files import nearest_folder, write_text_atomic
+from tinylm.files import nearest_folder, read_regular_file, write_text_atomic
 from tinylm.train.run_config import RunConfig, TrainConfig
 from tinylm.train.runtime import TrainingInterrupted, init_distributed
 from tinylm.train.trainer import TrainingDiverged, train
@@ -61,13 +54,14 @@ PROG = "tinylm-train"
 RUN_DIR_KEY = "hydra.run.dir"
 GROUPS = ("experiment",)  # the config groups without a key of their own
 SWEEP_RECORD = "multirun.yaml"  # what Hydra writes into a sweep's directory before its runs
-RECORDED_OVERRIDES = Path(".hydra") / "overrides.yaml"  # a run's command line (start_record)
+RECORD = ".hydra"  # a run's record (start_record): config.yaml, hydra.yaml, overrides.yaml
+RECORD_BYTES = 1 << 20  # a record file is a few KB
 # What a resume may give other values than the run was started with: how long and where it
 # runs and how often it logs and saves, not what it computes (train.max_steps rebuilds the
 # learning-rate schedule: resume.py)
 RESUME_MAY_CHANGE = ("train.max_steps", "train.threads", "train.device", "train.compile",
                      "train.log_interval", "train.checkpoint_interval")
-NOT_RECORDED = object()  # a key the run's record has no value for
+NOT_RECORDED = "not set"  # what the record holds for a key it has no value for
 PROMPT_WORDS = 4  # a data=text run samples from this many words of its corpus's first line
 # Whether the run directory named on the command line was there before this command: a run that
 # is refused removes only a directory it made.
@@ -76,9 +70,13 @@ named_run_dir_existed = False
 
 def run_config(values: dict) -> RunConfig:
     """Every dataclass of the run, checked, writing to Hydra's run directory (rank 0's under
-    torchrun); a data=text run samples from its own corpus's opening words."""
+    torchrun): the run's own record for train.resume=true; a fresh data=text run samples from its
+    own corpus's opening words."""
     hydra = HydraConfig.get()
-    cfg = RunConfig.from_config(values, shared_run_dir(hydra.runtime.output_dir))
+    run_dir = shared_run_dir(hydra.runtime.output_dir)
+    if values["train"]["resume"] is True:
+        return as_recorded(Path(run_dir), values, hydra.overrides.task, hydra.runtime.choices)
+    cfg = RunConfig.from_config(values, run_dir)
     given_prompt = any(key_and_value(o)[0] == "train.sample_prompt" for o in hydra.overrides.task)
     # the default is TinyStories' opening, which would make no sense of another corpus
     if hydra.runtime.choices.get("data") == "text" and not given_prompt and \
@@ -104,9 +102,10 @@ def corpus_opening(cfg: RunConfig) -> str | None:
 
 
 def remove_new_run_dir(run_dir: str | Path) -> None:
-    """A run that ended before its first checkpoint, in a directory this command made, leaves
-    nothing behind: the directory goes, and so do the parents left empty (runs/<date>/), up to
-    the current directory. Rank 0 only: the directory is every rank's."""
+    """A run refused, failed before its first checkpoint, or stopped before it began, in a
+    directory this command made, leaves nothing behind: the directory goes, and so do the
+    parents left empty (runs/<date>/), up to the current directory. Rank 0 only: the directory
+    is every rank's. Ctrl-C, any number of times, never removes a run that has begun."""
     run_dir, cwd = Path(run_dir).resolve(), Path.cwd().resolve()
     if int(os.environ.get("RANK", "0")) > 0 or run_dir == cwd or not run_dir.is_dir() or \
             named_run_dir_existed or tagged_checkpoint(run_dir / CHECKPOINTS_DIR, "last"):
@@ -130,14 +129,21 @@ class LogFile(logging.FileHandler):
 
 
 def start_record(cfg: RunConfig, held: logging.handlers.MemoryHandler) -> None:
-    """Once nothing can refuse the run any more, write its record: .hydra/ (the composed
-    config, Hydra's settings, the overrides: what a resume repeats) and train.log, which starts
-    with the lines `held` kept since the command began."""
-    hydra = HydraConfig.get()
-    record = Path(cfg.run_dir) / ".hydra"
+    """Once nothing can refuse the run any more, write its record: .hydra/ (the config, Hydra's
+    settings, the overrides) and train.log, which starts with the lines `held` kept since the
+    command began. A resume in place updates the config (train.max_steps, ...), adds what was
+    given now to the overrides the run was started with, and keeps Hydra's settings of its start.
+    """
+    hydra, record = HydraConfig.get(), Path(cfg.run_dir) / RECORD
+    overrides = list(hydra.overrides.task)
+    if cfg.train.resume is True:
+        now = {key_and_value(o)[0] for o in overrides}
+        overrides = [o for o in recorded_overrides(Path(cfg.run_dir))
+                     if key_and_value(o)[0] not in now] + overrides
+    else:
+        write_text_atomic(record / "hydra.yaml", OmegaConf.to_yaml({"hydra": hydra}))
     write_text_atomic(record / "config.yaml", OmegaConf.to_yaml(cfg.to_dict()))
-    write_text_atomic(record / "hydra.yaml", OmegaConf.to_yaml({"hydra": hydra}))
-    write_text_atomic(record / "overrides.yaml", OmegaConf.to_yaml(hydra.overrides.task))
+    write_text_atomic(record / "overrides.yaml", OmegaConf.to_yaml(overrides))
     log_file = LogFile(Path(cfg.run_dir) / f"{hydra.job.name}.log", encoding="utf-8")
     root = logging.getLogger()
     log_file.setFormatter(next((h.formatter for h in root.handlers
@@ -148,13 +154,31 @@ def start_record(cfg: RunConfig, held: logging.handlers.MemoryHandler) -> None:
     root.addHandler(log_file)
 
 
-def what_is_intact(cfg: RunConfig, when: str) -> str:
+def what_is_intact(when: str, cfg: RunConfig | None) -> str:
     """After a write the disk refused: the checkpoint a resume starts from, and its command."""
-    last = tagged_checkpoint(Path(cfg.run_dir) / CHECKPOINTS_DIR, "last")
+    last = tagged_checkpoint(Path(cfg.run_dir) / CHECKPOINTS_DIR, "last") if cfg else None
     if last is None:
         return same_command_again(PROG)(when)
     return (f"the last good checkpoint, {last}, is intact; {when}, continue with: "
             f"{resume_command(cfg)}")
+
+
+def stopped(err: KeyboardInterrupt, cfg: RunConfig | None) -> str:
+    """What Ctrl-C or SIGTERM left: the checkpoint saved and the command that continues; after a
+    second signal, what was kept. The run folder stays, whatever it holds."""
+    if isinstance(err, TrainingInterrupted):  # rank 0 says it, the one that saved
+        return f"stopped by {signal.Signals(err.signum).name} at step {err.step}; saved " \
+               f"{err.checkpoint}\ncontinue with:\n  {resume_command(cfg)}" \
+            if err.checkpoint else ""
+    run_dir = Path(cfg.run_dir) if cfg else None
+    if run_dir is None or not (run_dir / RECORD).is_dir():
+        return "interrupted"  # before the run started: nothing of it was written
+    last = tagged_checkpoint(run_dir / CHECKPOINTS_DIR, "last")
+    if last is None:
+        return (f"interrupted before the run's first checkpoint; {run_dir} keeps its train.log "
+                "and TensorBoard logs")
+    return f"interrupted; the last checkpoint, {last}, is intact; continue with: " \
+           f"{resume_command(cfg)}"
 
 
 def resume_command(cfg: RunConfig) -> str:
@@ -182,18 +206,10 @@ def run_training(cfg: RunConfig) -> float | None:
     held = logging.handlers.MemoryHandler(capacity=sys.maxsize)  # train.log's first lines
     logging.getLogger().addHandler(held)
     try:
-        metrics = run_or_exit(
-            PROG, lambda: train(cfg, on_start=lambda: start_record(cfg, held)),
-            errors=(ValueError, FileNotFoundError, HubError, TrainingDiverged),
-            intact=lambda when: what_is_intact(cfg, when))
-    except TrainingInterrupted as err:
-        if err.checkpoint is not None:
-            print(f"\n{PROG}: stopped by {signal.Signals(err.signum).name} at step {err.step}; "
-                  f"saved {err.checkpoint}\ncontinue with:\n  {resume_command(cfg)}",
-                  file=sys.stderr)
-        sys.exit(128 + err.signum)
-    except BaseException:
-        remove_new_run_dir(cfg.run_dir)
+        metrics = train(cfg, on_start=lambda: start_record(cfg, held))
+    except BaseException as err:  # an interrupt once the run wrote its record leaves it as it is
+        if not isinstance(err, KeyboardInterrupt) or not (Path(cfg.run_dir) / RECORD).exists():
+            remove_new_run_dir(cfg.run_dir)
         raise
     finally:
         root = logging.getLogger()
@@ -229,108 +245,97 @@ def print_next_steps(metrics: dict, cfg: RunConfig) -> None:
           f"  tensorboard --logdir {shlex.quote(run_dir)}")
 
 
-def resume_as_started(run_dir: Path) -> None:
-    """Make `train.resume=true hydra.run.dir=<run>` continue the run as it was started: the
-    overrides it recorded go first on the command line that Hydra reads (sys.argv), then those
-    given now. One given now must repeat the run's value (RESUME_MAY_CHANGE aside), else the
-    command is refused in one line naming each that differs."""
-    args = sys.argv[1:]
-    if {"-m", "--multirun"} & set(args):
-        return  # a sweep's jobs record their own overrides; a resume is of one run
+# ----------------------------------------------------------------------------------- resume
+
+
+def as_recorded(run_dir: Path, values: dict, overrides: list[str], choices) -> RunConfig:
+    """train.resume=true hydra.run.dir=<run>: the run as it recorded itself (.hydra/config.yaml,
+    every value it was started with), with what may change (RESUME_MAY_CHANGE) taken from the
+    command line; any other override given now (`overrides`, composed into `values`, choosing
+    `choices`) must agree with the record, else the command is refused in one line naming each.
+    A run with no checkpoint is left to checkpoint_to_resume, which says so."""
+    last = tagged_checkpoint(run_dir / CHECKPOINTS_DIR, "last")
+    if last is None:
+        return RunConfig.from_config(values, run_dir)
+    record = run_dir / RECORD / "config.yaml"
+    now = {}  # the last of a key given twice, Hydra's value, where it was given
+    for o in OverridesParser.create().parse_overrides(overrides):
+        now.pop(o.key_or_group, None)
+        now[o.key_or_group] = o
+    now.pop("train.resume", None)
+    kept = [o for o in recorded_overrides(run_dir)
+            if key_and_value(o)[0] not in {*now, "train.resume"}]
+    new_run = " ".join([PROG, shell_word("train.resume", str(run_dir)),
+                        *map(shlex.quote, [*kept, *(o.input_line for o in now.values())])])
     try:
-        now = OverridesParser.create().parse_overrides([a for a in args if a[:1] != "-"])
-    except HydraException:
-        return  # Hydra refuses it in one line
-    if not any(o.key_or_group == "train.resume" and o.value() is True for o in now) or \
-            not (run_dir / RECORDED_OVERRIDES).exists():
-        return
-    base = {(o.key_or_group, o.package): o for o in recorded_overrides(run_dir)
-            if o.key_or_group != "train.resume"}
-    started = started_values(run_dir)
-    added, differing = [], []  # one given again with the run's value adds nothing: dropped
-    for o in now:
-        key = (o.key_or_group, o.package)
-        recorded = base.get(key)
-        if o.key_or_group in (*RESUME_MAY_CHANGE, "train.resume") or o.is_hydra_override():
-            base.pop(key, None)
-            added.append(o)
-        elif (recorded.type != o.type or recorded.value() != o.value()) if recorded else \
-                started(o.key_or_group) != o.value():
-            was = value_text(recorded) if recorded else shown(started(o.key_or_group))
+        recorded = read_record(record)
+        if not isinstance(recorded, dict):
+            raise ValueError("it holds no mapping of config groups")
+        cfg = RunConfig.from_config(recorded, run_dir)
+    except FileNotFoundError:
+        copy = f"{shlex.join(['mkdir', '-p', str(record.parent)])} && " \
+               f"{shlex.join(['cp', str(last / 'config.yaml'), str(record)])}"
+        raise ConfigError(
+            f"train.resume=true continues {run_dir} as it recorded itself, in {record}, which is "
+            f"missing; restore it (its last checkpoint holds the same values: {copy}), or start "
+            f"a new run from that checkpoint with the values given here: {new_run}") from None
+    except ValueError as err:
+        raise ConfigError(f"{record} is not the record of a run ({err}); restore it, or start a "
+                          f"new run from its last checkpoint: {new_run}") from None
+    try:  # the config groups it chose (hydra.yaml); a choice unrecorded differs from any
+        chosen = dig(read_record(run_dir / RECORD / "hydra.yaml"), "hydra.runtime.choices")
+    except (FileNotFoundError, ValueError):
+        chosen = None
+    recorded, differing = cfg.to_dict(), []
+    for key, o in now.items():
+        then, given_now = (dig(chosen, key), choices[key]) if key in choices else \
+            (dig(recorded, key), dig(values, key))
+        if key not in RESUME_MAY_CHANGE and then != given_now:
+            was = "null" if then is None else then
             differing.append(f"{o.get_key_element()}: {was} when the run started, "
-                             f"{value_text(o)} now")
+                             f"{o.input_line.partition('=')[2] or o.input_line} now")
     if differing:
-        given_keys = {(o.key_or_group, o.package) for o in now}
-        kept = [o.input_line for key, o in base.items() if key not in given_keys]
-        changed = [o.input_line for o in now if o.key_or_group not in ("train.resume",
-                                                                         RUN_DIR_KEY)]
-        new_run = " ".join([PROG, shell_word("train.resume", str(run_dir)),
-                            *map(shlex.quote, kept + changed)])
         n = len(differing)
         raise ConfigError(
-            f"train.resume=true continues {run_dir} as it was started "
-            f"({run_dir / RECORDED_OVERRIDES}), and {n} override{'s' if n > 1 else ''} given "
-            f"now {'differ' if n > 1 else 'differs'}: {'; '.join(differing)}; drop "
-            f"{'them' if n > 1 else 'it'} to continue that run (only "
-            f"{', '.join(RESUME_MAY_CHANGE)} may change), or start a new run from its last "
+            f"train.resume=true continues {run_dir} as it was started ({record}), and {n} "
+            f"override{'s' if n > 1 else ''} given now {'differ' if n > 1 else 'differs'}: "
+            f"{'; '.join(differing)}; drop {'them' if n > 1 else 'it'} to continue that run "
+            f"(only {', '.join(RESUME_MAY_CHANGE)} may change), or start a new run from its last "
             f"checkpoint: {new_run}")
-    flags = [arg for arg in args if arg[:1] == "-"]
-    sys.argv[1:] = [*flags, *(o.input_line for o in base.values()),
-                    *(o.input_line for o in added)]
-
-
-def value_text(override: Override) -> str:
-    """The value of `override` as typed (key=value), or the whole of a deletion (~key)."""
-    key, equals, value = override.input_line.partition("=")
-    return value if equals else key
-
-
-def shown(value: object) -> str:
-    """A value of the run's record as the message says it."""
-    return "not set" if value is NOT_RECORDED else "null" if value is None else str(value)
+    may_change = {key.partition(".")[2]: dig(values, key) for key in now
+                  if key in RESUME_MAY_CHANGE}
+    cfg.train = dataclasses.replace(cfg.train, resume=True, **may_change)
+    return cfg
 
 
 def read_record(file: Path) -> object:
-    """A YAML file of a run's .hydra/ record, parsed; ValueError if it cannot be one."""
-    if not file.is_file() or file.stat().st_size > 1 << 20:  # a FIFO would block the read
-        raise ValueError(f"{file} is not a file of a few KB")
-    try:
-        return yaml_in(file)  # ValueError where it is not YAML
-    except OSError as err:
-        raise ValueError(f"{file}: {err.strerror}") from None
+    """A YAML file of a run's .hydra/ record, parsed; FileNotFoundError where it is missing,
+    ValueError where it is not a regular file of a few KB holding YAML."""
+    return yaml_in(read_regular_file(file, RECORD_BYTES, "the run's record"))
 
 
-def recorded_overrides(run_dir: Path) -> list[Override]:
+def recorded_overrides(run_dir: Path) -> list[str]:
     """The overrides a run was started with, as .hydra/overrides.yaml records them (a YAML list
-    of strings, none of Hydra's own settings); anything else is refused in one line naming the
-    file: a crafted one could set Hydra's callbacks, which run code."""
-    file = run_dir / RECORDED_OVERRIDES
+    of strings, none of Hydra's own settings; [] where there is none); anything else is refused
+    in one line naming the file: a crafted one could set Hydra's callbacks, which run code, in a
+    command this one suggests."""
+    file = run_dir / RECORD / "overrides.yaml"
     try:
         lines = read_record(file)
-        if not isinstance(lines, list) or not all(isinstance(line, str) for line in lines):
-            raise ValueError(file)
-        overrides = OverridesParser.create().parse_overrides(lines)
-        if any(o.is_hydra_override() or o.key_or_group == "hydra" for o in overrides):
-            raise ValueError(file)  # Hydra records those in hydra.yaml, never here
-        return overrides
+    except FileNotFoundError:
+        return []
+    except ValueError:
+        lines = None
+    try:
+        if not isinstance(lines, list) or not all(isinstance(line, str) for line in lines) or any(
+                o.is_hydra_override() or o.key_or_group == "hydra"
+                for o in OverridesParser.create().parse_overrides(lines)):
+            raise ValueError(file)  # Hydra records its own settings in hydra.yaml, never here
+        return lines
     except (ValueError, HydraException):
         raise ConfigError(f"{file} is not the list of overrides a run records; restore it, or "
                           "remove it and give the run's overrides again with train.resume=true"
                           ) from None
-
-
-def started_values(run_dir: Path) -> Callable[[str], object]:
-    """What a key was when the run started, as its .hydra/ record says: a group's choice
-    (hydra.yaml: data -> tinystories), else a config value (config.yaml); NOT_RECORDED where
-    neither says."""
-    def record(name: str) -> object:
-        with contextlib.suppress(ValueError):
-            return read_record(run_dir / ".hydra" / name)
-        return None
-
-    config, choices = record("config.yaml"), dig(record("hydra.yaml"), "hydra.runtime.choices")
-    choices = choices if isinstance(choices, dict) else {}
-    return lambda key: choices[key] if key in choices else dig(config, key)
 
 
 def dig(tree: object, key: str) -> object:
@@ -342,65 +347,41 @@ def dig(tree: object, key: str) -> object:
     return tree
 
 
-def refuse_a_bad_sweep_job() -> None:
-    """A sweep (-m) checks every job's values before its first job trains: a bad value in a
-    later job would stop the sweep there, and the jobs after it would never run. (Hydra
-    composes every job first, but the values are checked only as each job builds its config.)"""
-    flags = {arg for arg in sys.argv[1:] if arg.startswith("-")}
-    if not flags & {"-m", "--multirun"} or flags - {"-m", "--multirun"}:
-        return  # not a sweep, or one with Hydra's other flags (--config-name): Hydra checks it
-    overrides = [arg for arg in sys.argv[1:] if arg not in flags]
-    try:
-        jobs = sweep_jobs(overrides)
-    except HydraException:
-        return  # a sweep Hydra's basic sweeper refuses too (interval(...)): it says so
-    register(run_schemas())
-    with initialize_config_dir(config_dir=str(config_dir()), version_base="1.3"):
-        for number, job in enumerate(jobs):
-            try:
-                cfg = compose("config", overrides=job)
-                refuse_loose_bools(run_schema(), job)
-                refuse_schema_choice(job)
-                RunConfig.from_config(OmegaConf.to_container(cfg, resolve=True), run_dir="")
-            except ConfigError as err:
-                refused = str(err)
-            except (HydraException, OmegaConfBaseException) as err:
-                refused = one_line(err, run_schema(), GROUPS)
-            else:
-                continue
-            sys.exit(f"{PROG}: error: {refused} (job {number} of the sweep's {len(jobs)}); no "
-                     "job was run")
+# ----------------------------------------------------------------------------------- sweeps
 
 
-def sweep_jobs(overrides: list[str]) -> list[list[str]]:
-    """Each job's overrides, numbered as Hydra's basic sweeper runs them: every value of each
-    swept key (a,b or range(...)) with every value of the others."""
-    choices = {}
-    for override in OverridesParser.create().parse_overrides(overrides):
-        key = override.get_key_element()
-        values = override.sweep_string_iterator() if override.is_sweep_override() else \
-            [override.get_value_element_as_str()]
-        choices[key] = [f"{key}={value}" for value in values]
-    return [list(job) for job in itertools.product(*choices.values())]
+def check_sweep(jobs: list[list[str]], compose: Callable[[list[str]], DictConfig]) -> None:
+    """Every job of a sweep (-m), as Hydra's sweeper will run them, checked before the first
+    trains (conf/hydra/sweeper/checked.yaml): a bad value in a later job would stop the sweep
+    there, and the jobs after it would never run."""
+    schema = run_schema()
+    for number, job in enumerate(jobs):
+        try:
+            check_overrides(schema, job)
+            cfg = compose(job)
+            values = OmegaConf.masked_copy(cfg, [key for key in cfg if key != "hydra"])
+            RunConfig.from_config(OmegaConf.to_container(values, resolve=True), run_dir="")
+        except (ConfigError, HydraException, OmegaConfBaseException) as err:
+            said = str(err) if isinstance(err, ConfigError) else one_line(err, schema, GROUPS)
+            raise ConfigError(f"{said} (job {number} of the sweep's {len(jobs)}); no job was "
+                              "run") from None
 
 
-compose_and_train = command(
-    PROG, "config", run_schema(), run_training, build=run_config, schemas=run_schemas(),
-    groups=GROUPS,
-    refused=lambda: remove_new_run_dir(HydraConfig.get().runtime.output_dir))
-
-
-def main() -> None:
-    """Console entry."""
+def refuse_a_run_dir_that_is_a_file() -> None:
+    """hydra.run.dir naming a file (or a folder under one) is refused before Hydra makes it;
+    whether it was there is noted: a refused run removes only a directory it made."""
     global named_run_dir_existed
     named = given(RUN_DIR_KEY)
     named_run_dir_existed = named is not None and Path(named).exists()
     if named is not None:
-        run_or_exit(PROG, lambda: nearest_folder(Path(named), RUN_DIR_KEY, named,
-                                                 "cannot hold the run"))
-        run_or_exit(PROG, lambda: resume_as_started(Path(named)))
-    refuse_a_bad_sweep_job()
-    compose_and_train()
+        nearest_folder(Path(named), RUN_DIR_KEY, named, "cannot hold the run")
+
+
+main = command(
+    PROG, "config", run_schema(), run_training, build=run_config, schemas=run_schemas(),
+    groups=GROUPS, errors=(ValueError, FileNotFoundError, HubError, TrainingDiverged),
+    before=refuse_a_run_dir_that_is_a_file, intact=what_is_intact, interrupted=stopped,
+    refused=lambda: remove_new_run_dir(HydraConfig.get().runtime.output_dir))
 
 
 if __name__ == "__main__":

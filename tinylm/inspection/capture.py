@@ -20,16 +20,35 @@ import numpy as np
 import torch
 
 from tinylm.hooks import run_with_cache
+from tinylm.inspection.head_numbers import ArithmeticCapture, capture_arithmetic
 
-PRONOUNS = frozenset(
-    word for w in ("he", "she", "it", "they", "him", "her", "his", "its", "them", "their")
-    for word in (w, w.capitalize()))
-# Frequent character names of TinyStories-style text. A word counts as a name when it is listed
-# here, or when it is capitalised but does not start a sentence (see `is_name`).
-NAMES = frozenset((
-    "Lily Tom Tim Timmy Ben Sue Sam Max Mia Anna Lucy Jack Sara Sarah Amy Bob Jane Joe Kate Mary "
-    "Emma Molly Billy Jill Zoe Leo Mike Lisa Spot Rex Kitty").split())
-WORD_RE = re.compile(r"\w+(?:['’]\w+)*")  # letters/digits, keeping "Tom's" and "don't" whole
+
+def _cased(words: str) -> frozenset[str]:
+    return frozenset(word for w in words.split() for word in (w, w.capitalize()))
+
+
+PRONOUNS = _cased("he she it they him her his its them their")
+# The pronouns a reading links to names: personal ones, which stand for people. "it" and "its"
+# stand for a thing or an animal ("Lily had a dog. It was happy."): a name at the top of their
+# reading would be read as their referent, wrongly, so they get no reading.
+PERSON_PRONOUNS = _cased("he him his she her they them their")
+PRONOUN_GENDER = {**dict.fromkeys(_cased("she her"), "female"),
+                  **dict.fromkeys(_cased("he him his"), "male")}  # they/them/their: either
+# Frequent character names of TinyStories-style text and of the shipped probe sets, by the gender
+# stories give them; a name of neither list (Sam, Spot, a capitalised word) has no gender here,
+# so no reading of it is flagged.
+FEMALE_NAMES = frozenset((
+    "Lily Sue Mia Anna Ann Lucy Sara Sarah Amy Jane Kate Mary Emma Molly Jill Zoe Lisa Sally Ivy "
+    "Ella Emily Lila").split())
+MALE_NAMES = frozenset((
+    "Tom Tommy Tim Timmy Ben Benny Jack Jake John Bob Bobby Joe Billy Leo Mike Max Mark Dave Jim "
+    "Jimmy Jeff Peter").split())
+# A word counts as a name when it is listed here, or when it is capitalised but does not start a
+# sentence (see `is_name`).
+NAMES = FEMALE_NAMES | MALE_NAMES | frozenset("Sam Spot Rex Kitty".split())
+_ACCENTS = "\u0300-\u036f\u1ab0-\u1aff\u1dc0-\u1dff\u20d0-\u20ff\ufe20-\ufe2f"  # combining marks
+# letters/digits with their combining accents ("Ame\u0301lie"), keeping "Tom's" and "don't" whole
+WORD_RE = re.compile(rf"\w[\w{_ACCENTS}]*(?:['’]\w[\w{_ACCENTS}]*)*")
 SENTENCE_START = re.compile(r"[.!?:\n\"“”]")  # a gap containing these starts a new sentence
 
 
@@ -46,6 +65,9 @@ class AttentionCapture:
     token_words: list[int]  # word index of each token, -1 for punctuation and spaces
     start: int = 0  # position of ids[0] among all the text's tokens
     n_text_tokens: int = 0  # how many tokens the whole text has (> len(ids) when it was cut)
+    kv_heads: list[int] | None = None  # each layer's key/value heads; None: one per query head
+    # q, k and v of the layers that fit, for the tab's arithmetic panel; None: not recorded
+    arithmetic: ArithmeticCapture | None = None
 
     def window_note(self) -> str:
         """Which tokens of the text the capture covers, in words."""
@@ -58,6 +80,45 @@ class AttentionCapture:
     @property
     def words(self) -> list[str]:
         return [self.text[s:e] for s, e in self.word_spans]
+
+    @property
+    def shared_kv_heads(self) -> list[int] | None:
+        """Each layer's key/value heads where some layer's are shared by several query heads
+        (grouped-query attention); None where every head has its own."""
+        n_head = self.weights.shape[1]
+        kv = self.kv_heads
+        return kv if kv is not None and any(n != n_head for n in kv) else None
+
+
+def kv_heads(model) -> list[int]:
+    """Each layer's key/value heads: attn.n_kv_head where a group of query heads shares each
+    (grouped-query attention), one per query head otherwise."""
+    return [getattr(block.attn, "n_kv_head", block.attn.n_head) for block in model.blocks]
+
+
+def kv_head(head: int, n_head: int, n_kv: int) -> int:
+    """The key/value head that query head `head` reads: each of the n_kv is shared by
+    n_head / n_kv consecutive query heads (n_kv = n_head: its own)."""
+    return head // (n_head // n_kv)
+
+
+def kv_groups(n_head: int, kv: Sequence[int]) -> str:
+    """Which query heads share each key/value head, in words: "grouped-query attention, in every
+    layer: heads 0-1 share key/value head 0, heads 2-3 share key/value head 1"; "" where every
+    head has its own."""
+    def groups(n_kv: int) -> str:
+        if n_kv == n_head:
+            return "each head has its own key/value head"
+        size = n_head // n_kv
+        return ", ".join(f"heads {g * size}-{(g + 1) * size - 1} share key/value head {g}"
+                         for g in range(n_kv))
+
+    if all(n == n_head for n in kv):
+        return ""
+    if len(set(kv)) == 1:
+        return f"grouped-query attention, in every layer: {groups(kv[0])}"
+    return "grouped-query attention: " + "; ".join(f"layer {i}: {groups(n)}"
+                                                   for i, n in enumerate(kv))
 
 
 def find_words(text: str) -> list[tuple[int, int]]:
@@ -112,6 +173,18 @@ def deciding_token(token_words: Sequence[int], word: int) -> int | None:
     return first - 1 if first > 0 else None
 
 
+def name_gender(word: str) -> str | None:
+    """"female" or "male" for a name of the lists above, None for any other word."""
+    return "female" if word in FEMALE_NAMES else "male" if word in MALE_NAMES else None
+
+
+def other_gender(pronoun: str, word: str) -> bool:
+    """Whether `word` is a name of the other gender than `pronoun` ("She" and "Tom"): a reading
+    that points there points at the wrong character. False where either has no gender here."""
+    gender, named = PRONOUN_GENDER.get(pronoun), name_gender(word)
+    return gender is not None and named is not None and gender != named
+
+
 def is_name(text: str, word_spans: Sequence[tuple[int, int]], i: int) -> bool:
     """Heuristic: word i is a name if listed in NAMES, or capitalised but not sentence-initial
     (first in the text, or after . ! ? : a newline or a quote mark). Pronouns and "I" never are."""
@@ -130,7 +203,8 @@ def capture_attention(model, tokenizer, text: str, keep: str = "first") -> Atten
     """One forward pass over `text` with every layer's attention weights kept (read at the hook
     points blocks.{i}.attn.hook_pattern); a longer text than block_size is cut to its first or
     last block_size tokens (`keep`; after generation "first" is the attention the model wrote
-    them with)."""
+    them with). A second pass keeps the q, k and v behind those weights, as many layers as
+    head_numbers.MAX_STORED numbers hold, for the tab's arithmetic panel."""
     ids, offsets = tokenizer.encode_with_offsets(text)
     if not ids:
         raise ValueError("cannot inspect an empty text")
@@ -145,7 +219,7 @@ def capture_attention(model, tokenizer, text: str, keep: str = "first") -> Atten
     word_spans = find_words(text)
     return AttentionCapture(text, ids, list(tokenizer.token_strings(ids)), offsets, weights,
                             word_spans, token_word_index(offsets, word_spans, len(text)),
-                            start, n)
+                            start, n, kv_heads(model), capture_arithmetic(model, ids))
 
 
 # The two query positions a pronoun is read from, in the order they are shown.
@@ -175,6 +249,11 @@ class PronounReading:
     skipped: dict[str, str]  # the other positions: why they have no reading
 
 
+# Why "it" and "its" get no reading, in place of one.
+NOT_A_PERSON = ("'{}' stands for a thing or an animal, not a named character: only he, she, "
+                "they and their other forms are read against names")
+
+
 def _head_reading(capture: AttentionCapture, query: int, rows: np.ndarray, earlier: list[int],
                   k: int) -> HeadReading:
     """Rank each head's attention to the earlier words; rows (L, nh, n_earlier)."""
@@ -189,7 +268,8 @@ def _head_reading(capture: AttentionCapture, query: int, rows: np.ndarray, earli
 
 def read_pronouns(capture: AttentionCapture, k: int = 3) -> list[PronounReading]:
     """For each pronoun in view: every head's k most-attended earlier words, deciding and
-    resolving; a position that cannot be read is listed in `skipped` with the reason."""
+    resolving; a position that cannot be read is listed in `skipped` with the reason. "it" and
+    "its" are listed with both positions skipped: they do not stand for a named character."""
     words = capture.words
     # The words with at least one token inside the window, numbered 0..W-1 among themselves: a
     # long text's other words take no memory (the word-level weights are (L, nh, W, W)).
@@ -201,6 +281,11 @@ def read_pronouns(capture: AttentionCapture, k: int = 3) -> list[PronounReading]
     for p in seen:
         word = words[p]
         if word not in PRONOUNS:
+            continue
+        if word not in PERSON_PRONOUNS:  # "it", "its": no name is what they stand for
+            why = NOT_A_PERSON.format(word)
+            readings.append(PronounReading(p, word, capture.word_spans[p][0], {},
+                                           dict.fromkeys(QUERY_POSITIONS, why)))
             continue
         earlier = [w for w in seen if w < p]
         local = [seen[w] for w in earlier]

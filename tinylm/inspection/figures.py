@@ -25,6 +25,7 @@ from matplotlib import colormaps
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.colors import PowerNorm
 from matplotlib.figure import Figure
+from matplotlib.patches import Patch
 from matplotlib.text import Text
 from PIL import Image
 
@@ -218,7 +219,9 @@ def steps_figure(panels: Sequence[tuple], title: str) -> Figure:
     """tinylm-explain's heatmaps of scores and weights, two per row; small ones carry their numbers.
 
     Each panel is a walkthrough.Panel (title, matrix (T_q, T_k), row labels, column labels,
-    weights): NaN and -inf cells are blank, and `weights` fixes the colour scale to [0, 1].
+    weights): NaN and -inf cells (hidden by the mask) are light grey, labelled "masked" in a
+    legend and, where the numbers are written, in the cell; `weights` fixes the colour scale to
+    [0, 1].
     """
     n_rows = math.ceil(len(panels) / 2)
     t = max(matrix.shape[1] for _, matrix, *_ in panels)
@@ -226,9 +229,11 @@ def steps_figure(panels: Sequence[tuple], title: str) -> Figure:
     fig = Figure(figsize=(2 * size + 1.5, size * n_rows + 0.6), layout="constrained")
     FigureCanvasAgg(fig)
     axes = fig.subplots(n_rows, 2, squeeze=False)
+    any_masked = False
     for ax, (name, matrix, rows, cols, weights) in zip(axes.flat, panels, strict=False):
         values = matrix.detach().float().cpu().numpy()
         shown = np.ma.masked_invalid(values)  # -inf (hidden by the mask) is drawn blank
+        any_masked = any_masked or bool(shown.mask.any())
         limits = {"vmin": 0.0, "vmax": 1.0} if weights else {}
         image = ax.imshow(shown, cmap=ATTENTION_CMAP, interpolation="nearest", aspect="equal",
                           **limits)
@@ -242,9 +247,15 @@ def steps_figure(panels: Sequence[tuple], title: str) -> Figure:
                 if np.isfinite(value):
                     ax.text(c, r, f"{value:.2f}", ha="center", va="center", fontsize=8,
                             color="white" if image.norm(value) < 0.5 else "black")
+                else:
+                    ax.text(c, r, "masked", ha="center", va="center", fontsize=7, color="0.45")
         fig.colorbar(image, ax=ax, shrink=0.8)
     for ax in list(axes.flat)[len(panels):]:
         ax.set_axis_off()
+    if any_masked:  # grey is no colour of the scale: say what it means
+        fig.legend(handles=[Patch(facecolor=ATTENTION_CMAP.get_bad(), edgecolor="0.6",
+                                  label="masked: key after the query (score -inf, weight 0)")],
+                   loc="outside lower center", fontsize=9, frameon=False)
     fig.suptitle(title)
     return fig
 

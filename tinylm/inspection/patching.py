@@ -26,7 +26,6 @@ backward pass instead: m_patched - m_clean ≈ (a_counterfactual - a_clean) · �
 from __future__ import annotations
 
 import itertools
-from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -35,6 +34,7 @@ import torch
 from torch.nn.utils.rnn import pad_sequence
 from tqdm.auto import tqdm
 
+from tinylm.files import json_number, json_numbers
 from tinylm.hooks import caching, resolve
 from tinylm.inspection.interventions import head_replaced
 from tinylm.inspection.probe_items import (
@@ -48,9 +48,13 @@ METRIC = ("m = log P(clean pronoun) - log P(wrong pronoun) from the logits at th
           "position (the token before the pronoun), for the first token of each, in both runs; "
           "effect = mean over pairs of (m_patched - m_clean) / mean of "
           "(m_counterfactual - m_clean)")
+# said after METRIC where two pronouns begin with the same tokens (a character tokenizer's space)
+SHARED = ("; where the two pronouns begin with the same tokens (e.g. a space), those are read in "
+          "both texts and m compares the first token where they differ")
 POSITIONS = ("effect_by_position is aligned at the deciding position: its last entry is the "
              "deciding position, the one before it the token before, and so on; each entry "
              "averages the pairs long enough to have that position")
+MAX_M = 1e9  # nats: a larger m read from a report is no model's (and its sums overflow)
 
 
 @dataclass
@@ -61,7 +65,8 @@ class PatchPair:
     source: str  # "<file>, line <n>" of the clean item
     clean_ids: list[int]
     counterfactual_ids: list[int]  # as many as clean_ids
-    target_ids: tuple[int, int]  # first token of the clean pronoun, of the wrong pronoun
+    target_ids: tuple[int, int]  # the first token where the clean pronoun and the wrong differ
+    shared: int = 0  # tokens both pronouns begin with, at the end of both texts' ids
 
     @property
     def position(self) -> int:
@@ -71,23 +76,29 @@ class PatchPair:
 
 def make_pair(tokenizer, item: ProbeItem, partner: ProbeItem, block_size: int
               ) -> PatchPair | str:
-    """The PatchPair of an agreement item and its counterfactual partner, or why there is none."""
+    """The PatchPair of an agreement item and its counterfactual partner, or why there is none.
+    The tokens both pronouns begin with (one character a token: the space) are read in both
+    texts, and m compares the first token where they differ."""
     clean = encode_agreement_item(tokenizer, item, block_size)
     try:
         other = encode_agreement_item(tokenizer, partner, block_size)
     except ProbeFileError as err:  # e.g. a name the char tokenizer never saw: only this pair
         return f"the counterfactual: {str(err).removeprefix(f'{partner.source}: ')}"
-    context, other_context = clean.written[:clean.n_context], other.written[:other.n_context]
-    target = (clean.written[clean.n_context], clean.wrong[clean.n_context])
+    written, wrong = clean.written[clean.n_context:], clean.wrong[clean.n_context:]
+    shared = next((k for k, (a, b) in enumerate(zip(written, wrong, strict=False))
+                   if a != b), None)
+    if shared is None:
+        return (f"the pronouns' tokens {tokenizer.token_strings(written)} and "
+                f"{tokenizer.token_strings(wrong)} do not differ before one ends")
+    context = clean.written[:clean.n_context + shared]
+    other_context = other.written[:other.n_context] + written[:shared]
     # positions are compared one to one: a partner of another length would misalign every one
     if len(other_context) != len(context):
         return (f"the counterfactual's context is {len(other_context)} tokens, the clean one "
                 f"{len(context)}")
-    if target[0] == target[1]:
-        return f"both pronouns begin with token {target[0]} {tokenizer.decode([target[0]])!r}"
     if other_context == context:
         return "the counterfactual's context is the clean one's"
-    return PatchPair(item.source, context, other_context, target)
+    return PatchPair(item.source, context, other_context, (written[shared], wrong[shared]), shared)
 
 
 def build_pairs(tokenizer, items: list[ProbeItem], block_size: int
@@ -162,19 +173,45 @@ class PatchingResult:
         return bounds.T.reshape(L, nh, 2)
 
     @classmethod
-    def from_json(cls, section: dict) -> PatchingResult:
+    def from_json(cls, section) -> PatchingResult:
         """The result back from probe.json's `patching` section (to_json's): its pairs and every
-        m, as arrays (null: NaN)."""
-        pairs = [PatchPair(p["source"], p["clean_ids"], p["counterfactual_ids"],
-                           tuple(p["target_ids"])) for p in section["pairs"]]
-        at_all = np.array([p["m_patched_all"] for p in section["pairs"]], dtype=float)
+        m, as arrays (null: NaN). Checked as it enters: anything else (a wrong type, a missing
+        key, ids or m of other shapes, an m beyond ±MAX_M) is a ValueError naming the key."""
+        _want(isinstance(section, dict), "", "is not an object")
+        _want(section.get("method") in ("exact", "attribution"), "method",
+              "is not exact or attribution")
+        skipped, entries = section.get("skipped"), section.get("pairs")
+        _want(isinstance(skipped, list) and all(
+            isinstance(s, dict) and isinstance(s.get("source"), str)
+            and isinstance(s.get("reason"), str) for s in skipped), "skipped",
+            "is not a list of {source, reason}")
+        _want(isinstance(entries, list) and len(entries) > 0, "pairs", "is not a list of pairs")
+        first = entries[0].get("m_patched_all") if isinstance(entries[0], dict) else None
+        _want(isinstance(first, list) and len(first) > 0 and isinstance(first[0], list)
+              and len(first[0]) > 0, "pairs[0].m_patched_all", "is not a layers x heads list")
+        shape = (len(first), len(first[0]))
+        pairs, numbers = [], []
+        for i, p in enumerate(entries):
+            key = f"pairs[{i}]"
+            _want(isinstance(p, dict), key, "is not an object")
+            clean, other, target = (p.get(k) for k in ("clean_ids", "counterfactual_ids",
+                                                       "target_ids"))
+            _want(_token_ids(clean) and _token_ids(other) and len(clean) == len(other), key,
+                  "has no clean_ids and counterfactual_ids of as many token ids")
+            _want(_token_ids(target) and len(target) == 2, f"{key}.target_ids", "are not 2 ids")
+            shared = p.get("shared", 0)
+            _want(type(shared) is int and 0 <= shared < len(clean), f"{key}.shared",
+                  "is not a count of its tokens")
+            _want(isinstance(p.get("source"), str), f"{key}.source", "is not a text")
+            pairs.append(PatchPair(p["source"], clean, other, tuple(target), shared))
+            numbers.append([_numbers(p.get(k), dims, f"{key}.{k}") for k, dims in (
+                ("m_clean", ()), ("m_counterfactual", ()), ("m_patched_all", shape),
+                ("m_patched_by_position", (*shape, len(clean))))])
+        m_clean, m_counterfactual, at_all = (np.array([n[k] for n in numbers]) for k in range(3))
         by_position = np.full((*at_all.shape, max(len(p.clean_ids) for p in pairs)), np.nan)
-        for i, p in enumerate(section["pairs"]):
-            by_position[i, ..., :len(pairs[i].clean_ids)] = np.array(
-                p["m_patched_by_position"], dtype=float)
-        m_clean, m_counterfactual = (np.array([p[key] for p in section["pairs"]], dtype=float)
-                                     for key in ("m_clean", "m_counterfactual"))
-        return cls(pairs, section["skipped"], m_clean, m_counterfactual, by_position, at_all,
+        for i, (*_, row) in enumerate(numbers):
+            by_position[i, ..., :row.shape[-1]] = row
+        return cls(pairs, skipped, m_clean, m_counterfactual, by_position, at_all,
                    section["method"])
 
     def to_json(self, skipped: list[dict] | None = None, n_resamples: int = 1000,
@@ -185,34 +222,53 @@ class PatchingResult:
         interval = self.intervals(n_resamples, level, seed)
         _, L, nh, _ = self.m_patched_by_position.shape
         return {
-            "method": self.method, "metric": METRIC, "n_pairs": len(self.pairs),
-            "n_skipped": len(skipped), "skipped": skipped, "positions": POSITIONS,
-            "interval_level": level,
+            "method": self.method,
+            "metric": METRIC + (SHARED if any(p.shared for p in self.pairs) else ""),
+            "n_pairs": len(self.pairs), "n_skipped": len(skipped), "skipped": skipped,
+            "positions": POSITIONS, "interval_level": level,
             "pairs": [{"source": p.source, "clean_ids": p.clean_ids,
                        "counterfactual_ids": p.counterfactual_ids, "position": p.position,
-                       "target_ids": list(p.target_ids), "m_clean": _number(clean),
-                       "m_counterfactual": _number(other),
+                       "target_ids": list(p.target_ids),
+                       **({"shared": p.shared} if p.shared else {}),
+                       "m_clean": json_number(clean), "m_counterfactual": json_number(other),
                        # every patched run's m, from which any effect above is re-computed
-                       "m_patched_all": _numbers(at_all),
-                       "m_patched_by_position": _numbers(by_pos[..., :len(p.clean_ids)])}
+                       "m_patched_all": json_numbers(at_all),
+                       "m_patched_by_position": json_numbers(by_pos[..., :len(p.clean_ids)])}
                       for p, clean, other, at_all, by_pos in zip(
                           self.pairs, self.m_clean, self.m_counterfactual, self.m_patched_all,
                           self.m_patched_by_position, strict=True)],
-            "heads": [{"layer": layer, "head": head, "effect": _number(effects[layer, head]),
-                       "interval": [_number(x) for x in interval[layer, head]],
-                       "effect_by_position": [_number(x) for x in by_position[layer, head]]}
+            "heads": [{"layer": layer, "head": head, "effect": json_number(effects[layer, head]),
+                       "interval": json_numbers(interval[layer, head]),
+                       "effect_by_position": json_numbers(by_position[layer, head])}
                       for layer in range(L) for head in range(nh)],
         }
 
 
-def _number(x) -> float | None:
-    """A float for JSON; NaN and inf become None (null)."""
-    return float(x) if np.isfinite(x) else None
+def _want(ok: bool, key: str, what: str) -> None:
+    """Refuse a patching section read back (from_json) where `ok` is false: `key` `what`."""
+    if not ok:
+        of = f"'s {key}" if key else ""
+        raise ValueError(f"the patching section{of} {what}")
 
 
-def _numbers(array: np.ndarray) -> list:
-    """Nested lists of _number, for JSON."""
-    return [_numbers(row) for row in array] if array.ndim else _number(array)
+def _token_ids(ids) -> bool:
+    """Whether `ids` is a non-empty list of token ids (ints, not bools, from 0)."""
+    return isinstance(ids, list) and len(ids) > 0 and all(
+        type(i) is int and 0 <= i < 2**63 for i in ids)
+
+
+def _numbers(value, dims: tuple[int, ...], key: str) -> np.ndarray:
+    """`value` as a float64 array of shape `dims`: nested lists of numbers within ±MAX_M (a
+    patched run's m may be null: NaN)."""
+    null = "m_patched" in key
+
+    def fits(v, dims: tuple[int, ...]) -> bool:
+        if dims:
+            return isinstance(v, list) and len(v) == dims[0] and all(fits(x, dims[1:]) for x in v)
+        return (v is None and null) or (type(v) in (int, float) and abs(v) <= MAX_M)
+    _want(fits(value, dims), key, f"is not {' x '.join(map(str, dims)) or 'a'} number"
+          f"{'s' if dims else ''} within ±{MAX_M:g}{' or null' if null else ''}")
+    return np.array(value, dtype=float)
 
 
 # ---- the runs ---------------------------------------------------------------------------------
@@ -244,10 +300,8 @@ def _capture(model, sequences: list[list[int]], batch_size: int,
     """Run the sequences in batches (right-padded: causal, so padding is never looked at),
     keeping every block's input and heads' output; with targets (N, 2) also m, and with grads
     its gradient with respect to the heads' outputs."""
-    block_size, p = model.config.block_size, next(model.parameters())
+    p = next(model.parameters())
     N, T_max = len(sequences), max(map(len, sequences))
-    if T_max > block_size:
-        raise ValueError(f"a sequence of {T_max} tokens is longer than block_size={block_size}")
     # the hook points' full names, one per layer in layer order
     resid_names, z_names = resolve(model, ["hook_resid_pre"]), resolve(model, ["hook_z"])
     resid = heads = grad = None  # (L, N, T_max, ...), shaped by the first batch's activations
@@ -278,17 +332,6 @@ def _capture(model, sequences: list[list[int]], batch_size: int,
             resid[:, rows, :T] = torch.stack([block_inputs[name] for name in resid_names])
             heads[:, rows, :T] = torch.stack(zs).transpose(2, 3).detach()  # (L, B, T, nh, hs)
     return Run(resid, heads, m, grad)
-
-
-@contextmanager
-def replaced_head_output(model, layer: int, head: int, values: torch.Tensor):
-    """Inside: that head's output at positions 0..T-1 is values[:T] ((T_max, hs)) in every
-    sequence, e.g. its means from head_output_means (mean-ablation)."""
-    if values.dim() != 2:
-        raise ValueError(f"replaced_head_output: values of shape {tuple(values.shape)}; a "
-                         "head's output is (positions, head size)")
-    with head_replaced(model, layer, head, values):
-        yield
 
 
 def head_output_means(model, sequences: list[list[int]], batch_size: int = 64
@@ -322,8 +365,6 @@ def _result(pairs: list[PatchPair], m_clean, m_counterfactual, by_position, at_a
 def patch_heads(model, pairs: list[PatchPair], batch_size: int = 64) -> PatchingResult:
     """Exact patching: every head at every position of every pair (and at all positions at
     once), counterfactual output into the clean run, each run from the cached clean residual."""
-    if not pairs:
-        raise ValueError("patch_heads: no pairs to patch")
     device = next(model.parameters()).device
     targets = _targets(pairs, device)
     clean = _capture(model, [p.clean_ids for p in pairs], batch_size, targets)
@@ -362,8 +403,6 @@ def patch_heads(model, pairs: list[PatchPair], batch_size: int = 64) -> Patching
 def attribution_patch(model, pairs: list[PatchPair], batch_size: int = 64) -> PatchingResult:
     """Attribution patching: every cell of patch_heads estimated to first order from one
     forward and backward pass per batch, m_patched - m_clean ≈ (a_cf - a_clean) · ∂m/∂a."""
-    if not pairs:
-        raise ValueError("attribution_patch: no pairs to patch")
     targets = _targets(pairs, next(model.parameters()).device)
     clean = _capture(model, [p.clean_ids for p in pairs], batch_size, targets, grads=True)
     other = _capture(model, [p.counterfactual_ids for p in pairs], batch_size, targets)

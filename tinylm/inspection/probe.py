@@ -17,8 +17,10 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from torch.nn.utils.rnn import pad_sequence
 from tqdm.auto import tqdm
 
+from tinylm.files import json_number
 from tinylm.hooks import run_with_cache
 from tinylm.inspection.capture import deciding_token, key_words, word_level
 from tinylm.inspection.interventions import head_replaced, heads_scaled
@@ -63,10 +65,8 @@ def attention_to_mentions(weights: np.ndarray, token_words: list[int], n_words: 
                           position: str = "resolving") -> np.ndarray:
     """Per-head attention (L, nh) to a character's mentions from the pronoun ("resolving") or
     from the token before it ("deciding"); weights (L, nh, T, T) over tokens."""
-    if position == "deciding":
+    if position == "deciding":  # the pronoun is never the first word: a mention is before it
         query = deciding_token(token_words, pronoun_word)
-        if query is None:
-            raise ValueError("the pronoun is the first token: no token before it decides it")
         to_words = key_words(weights[..., query, :], token_words, n_words)  # (L, nh, W)
         return to_words[..., mention_words].sum(-1)
     words = word_level(weights, token_words, n_words)  # (L, nh, W, W)
@@ -80,10 +80,7 @@ def head_accuracy(antecedent: np.ndarray, distractor: np.ndarray) -> np.ndarray:
 
 def _padded(sequences: list[list[int]], device) -> torch.Tensor:
     """(B, T_max) ids, right-padded with 0: under the causal mask padding is never looked at."""
-    idx = torch.zeros(len(sequences), max(len(s) for s in sequences), dtype=torch.long)
-    for row, seq in enumerate(sequences):
-        idx[row, :len(seq)] = torch.tensor(seq, dtype=torch.long)
-    return idx.to(device)
+    return pad_sequence([torch.tensor(s) for s in sequences], batch_first=True).to(device)
 
 
 @torch.inference_mode()
@@ -192,8 +189,7 @@ def head_entries(values: dict[str, np.ndarray]) -> list[dict]:
     """[{layer, head, <key>: value, ...}] from (L, nh) arrays; NaN becomes None (JSON null)."""
     n_layer, n_head = next(iter(values.values())).shape
     return [{"layer": layer, "head": head,
-             **{key: (float(v[layer, head]) if np.isfinite(v[layer, head]) else None)
-                for key, v in values.items()}}
+             **{key: json_number(v[layer, head]) for key, v in values.items()}}
             for layer in range(n_layer) for head in range(n_head)]
 
 

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-from tinylm.files import shipped_dir
+from tinylm.files import read_regular_file, shipped_dir
 from tinylm.inspection.capture import PRONOUNS, find_words, token_word_index, word_at
 
 SHIPPED_PROBES = ("pronouns.jsonl", "agreement.jsonl")  # data/probes/ (a wheel: tinylm/probes/)
@@ -136,14 +136,10 @@ def _has_pronoun_at(text: str, word: int) -> bool:
 
 
 def counterfactual_item(item: ProbeItem) -> ProbeItem:
-    """The item's partner as an agreement item: its own pronoun, the mentions at the item's word
-    indices, and the other gender's pronoun (the item's) to compare with."""
+    """The partner of an item that has one (read_probe_lines checked it) as an agreement item:
+    its own pronoun, the mentions at the item's word indices, and the other gender's pronoun
+    (the item's) to compare with."""
     text, k = item.counterfactual, _pronoun_word(item)
-    if text is None:
-        raise item.error("the item has no counterfactual partner")
-    if not _has_pronoun_at(text, k):
-        raise item.error(f"counterfactual {text!r} has no pronoun as word {k + 1}, where the item "
-                         f"has {item.pronoun!r}")
     spans, item_spans = find_words(text), find_words(item.text)
     pronoun = text[slice(*spans[k])]
     # a partner of the same pronoun (a name swap within a gender) keeps the item's wrong pronoun
@@ -175,41 +171,31 @@ def read_probe_lines(path: str | Path, parse: Callable[[object, str], ProbeItem]
                      ) -> list[ProbeItem]:
     """Read and check every line of a JSONL probe file, each decoded line turned into an item by
     `parse` (the probe types' parse_item); the first bad line raises ProbeFileError."""
-    path = Path(path)
-    if not path.exists():
-        raise FileNotFoundError(f"probe file {path} does not exist")
-    if not path.is_file():  # a pipe or a device is never opened: it could block or never end
-        raise ProbeFileError(f"probe file {path} is not a regular file (a folder, pipe or "
-                             "device); give a JSONL file")
-    if path.stat().st_size > MAX_PROBE_FILE_BYTES:
-        raise ProbeFileError(f"probe file {path} holds {path.stat().st_size:,} bytes, more than "
-                             f"the {MAX_PROBE_FILE_BYTES:,} a probe set may have")
     items, by_id = [], {}
-    with path.open("rb") as f:
-        for n, raw in enumerate(f, start=1):
-            where = f"{path}, line {n}"
-            try:
-                line = raw.decode("utf-8")
-            except UnicodeDecodeError as err:
-                raise ProbeFileError(f"{where}: not valid UTF-8 (byte {err.start + 1} of the "
-                                     f"line: {err.reason})") from None
-            if not line.strip():
-                continue
-            try:
-                obj = json.loads(line)
-            except json.JSONDecodeError as err:
-                raise ProbeFileError(f"{where}: invalid JSON ({err.msg} at column {err.colno})"
-                                     ) from None
-            except RecursionError:  # [[[[...]]]] deeper than Python's stack
-                raise ProbeFileError(f"{where}: JSON nested too deeply to be a probe item"
-                                     ) from None
-            item = parse(obj, where)
-            if item.id in by_id:  # None is never a key
-                raise ProbeFileError(f"{where}: id {item.id!r} is already the id of "
-                                     f"{by_id[item.id].source}; ids must be unique in a file")
-            if item.id is not None:
-                by_id[item.id] = item
-            items.append(item)
+    lines = read_regular_file(path, MAX_PROBE_FILE_BYTES, "probe file").split(b"\n")
+    for n, raw in enumerate(lines, start=1):
+        where = f"{path}, line {n}"
+        try:
+            line = raw.decode("utf-8")
+        except UnicodeDecodeError as err:
+            raise ProbeFileError(f"{where}: not valid UTF-8 (byte {err.start + 1} of the "
+                                 f"line: {err.reason})") from None
+        if not line.strip():
+            continue
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError as err:
+            raise ProbeFileError(f"{where}: invalid JSON ({err.msg} at column {err.colno})"
+                                 ) from None
+        except RecursionError:  # [[[[...]]]] deeper than Python's stack
+            raise ProbeFileError(f"{where}: JSON nested too deeply to be a probe item") from None
+        item = parse(obj, where)
+        if item.id in by_id:  # None is never a key
+            raise ProbeFileError(f"{where}: id {item.id!r} is already the id of "
+                                 f"{by_id[item.id].source}; ids must be unique in a file")
+        if item.id is not None:
+            by_id[item.id] = item
+        items.append(item)
     if not items:
         raise ProbeFileError(f"{path}: no probe items (the file is empty)")
     return [_resolve_counterfactual(item, by_id) for item in items]
@@ -244,7 +230,7 @@ def _encode(tokenizer, item: ProbeItem, text: str) -> tuple[list[int], list[tupl
 def _check_length(item: ProbeItem, n_tokens: int, block_size: int) -> None:
     if n_tokens > block_size:
         raise item.error(f"the text up to the pronoun is {n_tokens} tokens, longer than the "
-                         f"model's block_size={block_size}; shorten the item")
+                         f"model's block_size={block_size}")
 
 
 def encode_attention_item(tokenizer, item: ProbeItem, block_size: int) -> EncodedAttentionItem:

@@ -41,6 +41,7 @@ from tinylm.inspection.probe import (
     mention_attention,
 )
 from tinylm.inspection.probe_items import (
+    EncodedAgreementItem,
     ProbeFileError,
     ProbeItem,
     encode_agreement_item,
@@ -94,7 +95,8 @@ class ProbeType:
 @dataclass
 class Probing:
     """What the types score: the model, the options, the items, the shipped pronoun items
-    tokenized once (a bad item stops the run before any model work), the results so far."""
+    tokenized once (one the model cannot read, longer than its context or with a character its
+    tokenizer never saw, is skipped and counted), the results so far."""
 
     model: torch.nn.Module
     tokenizer: object
@@ -106,22 +108,40 @@ class Probing:
 
     def __post_init__(self):
         tokenizer, block_size = self.tokenizer, self.model.config.block_size
-        self.attention, self.agreement = self.items_of(Resolving), self.items_of(Agreement)
+        self.unread: list[dict] = []  # {"source", "reason"}: items the model cannot read
         # the model's own preference on a two-character item needs a wrong pronoun: the item's,
         # else the other gender's; "her" has none (such items are left out and counted)
-        wrong = [i.wrong_pronoun or DERIVED_WRONG_PRONOUN.get(i.pronoun.lower())
-                 for i in self.attention]
-        self.scored = [k for k, w in enumerate(wrong) if w is not None]
-        self.enc_attention = [encode_attention_item(tokenizer, i, block_size)
-                              for i in self.attention]
-        self.enc_agreement = [encode_agreement_item(tokenizer, i, block_size)
-                              for i in self.agreement]
-        self.enc_names = [encode_attention_item(tokenizer, i, block_size) for i in self.agreement]
-        self.enc_preference = [encode_agreement_item(tokenizer, self.attention[k], block_size,
-                                                     wrong[k]) for k in self.scored]
+        def preference(i: ProbeItem) -> EncodedAgreementItem | None:
+            wrong = i.wrong_pronoun or DERIVED_WRONG_PRONOUN.get(i.pronoun.lower())
+            return wrong and encode_agreement_item(tokenizer, i, block_size, wrong)
+        self.attention, (self.enc_attention, preferences) = self.fitting(
+            Resolving, lambda i: encode_attention_item(tokenizer, i, block_size), preference)
+        self.agreement, (self.enc_agreement, self.enc_names) = self.fitting(
+            Agreement, lambda i: encode_agreement_item(tokenizer, i, block_size),
+            lambda i: encode_attention_item(tokenizer, i, block_size))
+        order = {item.source: k for k, item in enumerate(self.items)}  # as the files list them
+        self.unread.sort(key=lambda skipped: order[skipped["source"]])
+        self.scored = [k for k, e in enumerate(preferences) if e is not None]
+        self.enc_preference = [preferences[k] for k in self.scored]
         self.pairs, self.skipped = (build_pairs(tokenizer, self.agreement, block_size)
                                     if self.patch else ([], []))
         self.new_word = new_word_tokens(tokenizer)
+
+    def fitting(self, probe_type: type[ProbeType], *encoders: Callable
+                ) -> tuple[list[ProbeItem], list[list]]:
+        """probe_type's items that the model can read, and each encoder's list of them; the
+        others (longer than its context, a character its tokenizer never saw) go to `unread`."""
+        items, encoded = [], []
+        for item in self.items_of(probe_type):
+            try:
+                encoded.append([encode(item) for encode in encoders])
+            except ProbeFileError as err:
+                self.unread.append({"source": item.source,
+                                      "reason": str(err).removeprefix(f"{item.source}: ")})
+                continue
+            items.append(item)
+        columns = [list(column) for column in zip(*encoded, strict=True)]
+        return items, columns or [[] for _ in encoders]
 
     def items_of(self, probe_type: type[ProbeType]) -> list[ProbeItem]:
         return [i for i in self.items if i.kind == probe_type.name]
@@ -351,6 +371,13 @@ class Patching(ProbeType):
         # the effects' common denominator: near 0, they are ratios of noise
         lines.append(f"the name moves m by {other - clean:+.3f} on average (clean {clean:+.3f}, "
                      f"counterfactual {other:+.3f} nats)")
+        if abs(other - clean) < MIN_MARGIN_LOSS:
+            lines.append(f"warning: under {MIN_MARGIN_LOSS:g} nats, every effect below is a ratio "
+                         "over noise: the model barely tells the names apart, or the partners "
+                         "share their gender")
+        if len(r.pairs) == 1:
+            lines.append("note: one pair, so the bootstrap intervals (which resample the pairs) "
+                         "have no width; patch more pairs for an interval")
         effects, intervals = self.effects, r.intervals(level=self.LEVEL)
         heads = [(layer, head) for layer in range(n_layer) for head in range(n_head)]
         strongest = max((k for k in heads if np.isfinite(effects[k])), key=lambda k: effects[k],
@@ -541,6 +568,9 @@ class Agreement(ProbeType):
                   f"{e['delta_accuracy']:+.2f}", f"{e['mean_margin']:+.3f}",
                   f"{e['accuracy']:.2f}"] for e in ranked[:top_heads]],
                 ">>>>>>", gaps=(2, 3, 3, 3, 3), indent="  ")
+        if self.mean_ablation and n == 1:
+            lines.append("note: one item, so each head's mean output is its own output there and "
+                         "mean-ablation moves (almost) nothing; give more agreement items")
         return lines
 
     def heatmaps(self) -> dict[str, Heatmap]:
@@ -569,6 +599,7 @@ class ProbeReport:
     results: dict[type[ProbeType], ProbeType | None]
     n_layer: int
     n_head: int
+    unread: list[dict] = field(default_factory=list)  # items skipped: {"source", "reason"}
 
     def get(self, probe_type: type[ProbeType]) -> ProbeType | None:
         return self.results.get(probe_type)
@@ -579,12 +610,18 @@ class ProbeReport:
     def to_json(self) -> dict:
         """The report as probe.json holds it (without the command's keys)."""
         merged = {key: value for r in self.shown() for key, value in r.to_json().items()}
-        return {**{k: merged.pop(k) for k in JSON_ORDER if k in merged}, **merged}
+        skipped = {"n_skipped_items": len(self.unread), "skipped_items": self.unread}
+        return {**{k: merged.pop(k) for k in JSON_ORDER if k in merged}, **merged,
+                **(skipped if self.unread else {})}
 
     def console(self, top_heads: int = 5) -> list[str]:
         """The console summary."""
-        return [line for r in self.shown() for line in r.console(self.n_layer, self.n_head,
-                                                                 top_heads)]
+        first = self.unread[0] if self.unread else None
+        skipped = [f"{len(self.unread)} probe items skipped: the model cannot read them (the "
+                   f"first: {first['source']}: {first['reason']}); probe.json lists each under "
+                   "skipped_items"] if first else []
+        return skipped + [line for r in self.shown()
+                          for line in r.console(self.n_layer, self.n_head, top_heads)]
 
 
 def probe(model, tokenizer, items: list[ProbeItem], ablate: bool | str = False,
@@ -603,7 +640,8 @@ def probe(model, tokenizer, items: list[ProbeItem], ablate: bool | str = False,
     if before_work is not None:
         before_work(probing.passes)
     c = model.config
-    return ProbeReport({t: probing.result(t) for t in PROBE_TYPES}, c.n_layer, c.n_head)
+    return ProbeReport({t: probing.result(t) for t in PROBE_TYPES}, c.n_layer, c.n_head,
+                       probing.unread)
 
 
 def parse_item(obj, where: str) -> ProbeItem:

@@ -16,12 +16,18 @@ import numpy as np
 
 from tinylm.files import published_atomically
 from tinylm.inspection.capture import (
+    NOT_A_PERSON,
+    PERSON_PRONOUNS,
+    PRONOUN_GENDER,
     QUERY_POSITIONS,
     AttentionCapture,
     HeadReading,
     PronounReading,
     capture_attention,
     is_name,
+    kv_groups,
+    kv_head,
+    other_gender,
     read_pronouns,
 )
 from tinylm.inspection.figures import AttentionGridImages, event_writer, label_step, log_image
@@ -48,11 +54,26 @@ def query_label(capture: AttentionCapture, reading: PronounReading, position: st
     return f"from {capture.tokens[reading.positions[position].query]!r} before {reading.pronoun!r}"
 
 
+def not_read(reading: PronounReading) -> str | None:
+    """Why a pronoun is not read against names at all ("it" stands for no named character);
+    None for the pronouns that are."""
+    return None if reading.pronoun in PERSON_PRONOUNS else NOT_A_PERSON.format(reading.pronoun)
+
+
+def name_label(capture: AttentionCapture, reading: PronounReading, w: int) -> str:
+    """An earlier word as a reading lists it: a name of the other gender than the pronoun is
+    flagged, since a head that looks there looks at the wrong character."""
+    word = capture.words[w]
+    return f"{word} (other gender)" if other_gender(reading.pronoun, word) else word
+
+
 def pronoun_table(capture: AttentionCapture, reading: PronounReading) -> str:
     """Markdown tables, deciding then resolving: one row per head, its top earlier words."""
-    words = capture.words
-    parts = [f"**{_md(reading.pronoun)}** (word {reading.word}, character {reading.char}): "
-             "attention to earlier words, summed over sub-word tokens; *name* in italics"]
+    heading = f"**{_md(reading.pronoun)}** (word {reading.word}, character {reading.char})"
+    if not_read(reading):
+        return f"{heading}: not read: {_md(not_read(reading))}"
+    parts = [f"{heading}: attention to earlier words, summed over sub-word tokens; *name* in "
+             "italics, flagged where it is of the other gender than the pronoun"]
     for position, why in QUERY_POSITIONS.items():
         if position in reading.skipped:
             parts.append(f"{position}: skipped: {_md(reading.skipped[position])}")
@@ -66,9 +87,11 @@ def pronoun_table(capture: AttentionCapture, reading: PronounReading) -> str:
             for head, ranked in enumerate(row):
                 cells = []
                 for w, v in ranked:
-                    name = _md(words[w])
+                    name = _md(capture.words[w])
                     if is_name(capture.text, capture.word_spans, w):
                         name = f"*{name}*"
+                        if other_gender(reading.pronoun, capture.words[w]):
+                            name += " (other gender)"
                     cells.append(f"{name} {v:.2f}")
                 lines.append(f"| {layer} | {head} | " + " | ".join(cells) + " |")
         parts.append("\n".join(lines))
@@ -78,10 +101,12 @@ def pronoun_table(capture: AttentionCapture, reading: PronounReading) -> str:
 def pronoun_summary(capture: AttentionCapture, readings: Sequence[PronounReading]) -> list[str]:
     """Console lines per pronoun, deciding then resolving: the heads whose most-attended earlier
     word is a name, or why a position was skipped."""
-    words = capture.words
     n_heads = capture.weights.shape[0] * capture.weights.shape[1]
     lines = []
     for r in readings:
+        if not_read(r):
+            lines.append(f"{r.pronoun!r} at character {r.char}: not read: {not_read(r)}")
+            continue
         for position in QUERY_POSITIONS:
             head = f"{r.pronoun!r} at character {r.char}, {position}"
             if position in r.skipped:
@@ -90,32 +115,41 @@ def pronoun_summary(capture: AttentionCapture, readings: Sequence[PronounReading
             found = sorted(r.positions[position].name_heads, key=lambda x: -x[3])
             where = query_label(capture, r, position)
             if found:
-                heads = ", ".join(f"L{layer}H{h} -> {words[w]} {v:.2f}"
+                heads = ", ".join(f"L{layer}H{h} -> {name_label(capture, r, w)} {v:.2f}"
                                   for layer, h, w, v in found[:LISTED_HEADS])
                 more = f", and {len(found) - LISTED_HEADS} more (inspect.json has every head)" \
                     if len(found) > LISTED_HEADS else ""
-                lines.append(f"{head} ({where}): {len(found)}/{n_heads} heads point at a name: "
-                             f"{heads}{more}")
+                wrong = sum(other_gender(r.pronoun, capture.words[w]) for _, _, w, _ in found)
+                of_which = f" ({wrong} at a name of the other gender)" if wrong else ""
+                lines.append(f"{head} ({where}): {len(found)}/{n_heads} heads point at a name"
+                             f"{of_which}: {heads}{more}")
             else:
                 lines.append(f"{head} ({where}): no head's top word is a name")
     return lines
 
 
 def pronoun_records(capture: AttentionCapture, readings: Sequence[PronounReading]) -> list[dict]:
-    """The readings as JSON-ready records (inspect.json): words by text, names flagged."""
+    """The readings as JSON-ready records (inspect.json): words by text, names flagged, and
+    those of the other gender than the pronoun flagged again."""
     words = capture.words
+    shared = capture.shared_kv_heads
 
-    def heads(reading: HeadReading) -> list[dict]:
+    def heads(reading: HeadReading, pronoun: str) -> list[dict]:
+        # with grouped-query attention, the key/value head each query head reads
         return [{"layer": layer, "head": head,
+                 **({"kv_head": kv_head(head, len(row), shared[layer])} if shared else {}),
                  "top": [{"word": words[w], "word_index": w, "weight": v,
-                          "name": is_name(capture.text, capture.word_spans, w)}
+                          "name": is_name(capture.text, capture.word_spans, w),
+                          "other_gender": other_gender(pronoun, words[w])}
                          for w, v in ranked]}
                 for layer, row in enumerate(reading.top) for head, ranked in enumerate(row)]
 
     return [{"pronoun": r.pronoun, "word_index": r.word, "char": r.char,
+             # female, male or null (they, them, their): what other_gender compares names with
+             "gender": PRONOUN_GENDER.get(r.pronoun), "reads_names": not not_read(r),
              **{position: ({"query_token": r.positions[position].query,
                             "query": capture.tokens[r.positions[position].query],
-                            "heads": heads(r.positions[position])}
+                            "heads": heads(r.positions[position], r.pronoun)}
                            if position in r.positions else None)
                 for position in QUERY_POSITIONS},
              "skipped": r.skipped} for r in readings]
@@ -140,7 +174,8 @@ def write_inspection(capture: AttentionCapture, folder: str | Path, prompt_chars
     TensorBoard: the attention tab's data (every head, word by word), an image per layer
     attention/layer_LL/all_heads (its heads side by side, also as attention/layer_LL/all_heads.png)
     and texts: text/generated, text/tokens, pronouns/summary, pronouns/NN_<pronoun> (markdown
-    tables). inspect.json holds `meta` and the pronoun readings.
+    tables). inspect.json holds `meta`, the pronoun readings and, where query heads share key/value
+    heads, each layer's count of them and each head's.
     """
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
@@ -153,6 +188,9 @@ def write_inspection(capture: AttentionCapture, folder: str | Path, prompt_chars
     labelled = "every token" if step == 1 else f"1 token in {step}"
     notes = [capture.window_note(),
              f"heatmap labels: {labelled} on the all-heads maps; pronouns always, in red"]
+    shared = capture.shared_kv_heads
+    if shared:  # the heads of a group attend with the same keys: say which they are
+        notes.append(kv_groups(capture.weights.shape[1], shared))
 
     with event_writer(folder) as writer:
         write_attention(writer, "inspect", capture, 0)  # the "tinylm attention" tab
@@ -178,7 +216,8 @@ def write_inspection(capture: AttentionCapture, folder: str | Path, prompt_chars
         start=np.array(capture.start), n_text_tokens=np.array(capture.n_text_tokens))
     (folder / "pronouns.md").write_text("\n\n".join(
         [*summary, *(pronoun_table(capture, r) for r in readings)]) + "\n", encoding="utf-8")
-    record = {**(meta or {}), "pronouns": pronoun_records(capture, readings)}
+    record = {**(meta or {}), **({"kv_heads": shared} if shared else {}),
+              "pronouns": pronoun_records(capture, readings)}
     (folder / "inspect.json").write_text(json.dumps(record, indent=2, default=str) + "\n",
                                          encoding="utf-8")
     return notes + summary

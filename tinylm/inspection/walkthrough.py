@@ -25,6 +25,8 @@ from tinylm.attention import (
     weighted_values,
 )
 from tinylm.hooks import caching, run_with_cache
+from tinylm.inspection.capture import kv_head
+from tinylm.inspection.head_numbers import band_width
 from tinylm.tables import MAX_WIDTH, paragraph, side_by_side, table, vector
 
 # The worked example of docs/attention.md: 3 tokens, d = 2, Q = K.
@@ -97,13 +99,6 @@ def example_attention(d_model: int, n_head: int, seed: int, n_tokens: int = 3
     return attn, x
 
 
-def kv_head(head: int, q: torch.Tensor, k: torch.Tensor) -> int:
-    """The key/value head that query head `head` reads, from q (B, nh, T, hs) and k (B, nkv,
-    T, hs): with grouped-query attention each of the nkv is shared by nh / nkv consecutive
-    query heads (nkv = nh: its own)."""
-    return head // (q.size(1) // k.size(1))
-
-
 class HeadSteps(NamedTuple):
     """One head's attention steps inside a model, and what its forward pass had for that head."""
 
@@ -127,7 +122,7 @@ def model_head_steps(model, idx: torch.Tensor, layer: int, head: int) -> HeadSte
     # path, as in capture_attention, so this layer's q, k, v carry the digits inspect=true shows
     _, cache = run_with_cache(model, idx[None], [*names, "hook_pattern"])
     q, k, v, weights = (cache[name][0] for name in names)  # (nh or nkv, T, hs); (nh, T, T)
-    kv = kv_head(head, q[None], k[None])
+    kv = kv_head(head, q.size(0), k.size(0))
     steps = attn.steps(q[head], k[kv], v[kv])  # its own scale and mask
     return HeadSteps(steps, v[kv], weights[head], kv, q.size(0) // k.size(0))
 
@@ -143,15 +138,6 @@ def shared_kv(kv: int, group: int) -> str:
         return ""
     return (f" Its K and V are those of key/value head {kv}, which query heads "
             f"{kv * group}..{(kv + 1) * group - 1} share (grouped-query attention).")
-
-
-def band_width(hidden: torch.Tensor) -> int | None:
-    """w where the visible positions (~hidden, (T, T)) are a band, query i seeing keys i-w+1..i;
-    None for any other mask."""
-    T = hidden.size(0)
-    w = int((~hidden).sum(-1).max())
-    i, j = torch.arange(T)[:, None], torch.arange(T)[None, :]
-    return w if torch.equal(~hidden, (j <= i) & (j > i - w)) else None
 
 
 def mask_and_scale(attn: MultiHeadAttention, head_size: int, positions: int) -> str:
@@ -346,8 +332,9 @@ def explain_given_qkv(q: torch.Tensor | None = None, k: torch.Tensor | None = No
              "(numbers computed by tinylm.attention.attention_steps).", intro]
     if causal and q.size(0) != k.size(0):
         lines.append(f"The {q.size(0)} queries are the last of the {k.size(0)} positions.")
-    lines += [f"Rows are queries, columns keys; > marks {q_rows[i]}, followed key by key at the "
-              "end (query=N)."] + ([note] if note else [])
+    lines += paragraph(f"Rows are queries, columns keys, numbered from 0 (q0 is the explainer's "
+                       f"query 1); > marks {q_rows[i]}, followed key by key at the end "
+                       "(query=N, from 0).") + ([note] if note else [])
     lines += [""] + side_by_side([
         table("Q: what each token asks for", q, q_rows, _labels("d", q.size(1)), digits, i),
         table("K: what each offers to match", k, k_cols, _labels("d", k.size(1)), digits),
@@ -388,9 +375,10 @@ def explain_given_multi_head(n_head: int, x: torch.Tensor | None = None,
                          f"takes d_model / n_head columns; use d_model in "
                          f"{[n_head * m for m in range(1, 4)]}")
     def numbers(t: int, c: int) -> int:
-        """The numbers of the tables: W_q, W_k, W_v (C x C each); X, Q, K, V, the concatenated
-        heads and the output (T x C each); each head's masked scores and weights (T x T)."""
-        return 3 * c * c + 6 * t * c + 2 * n_head * t * t
+        """The numbers of the tables: W_q, W_k, W_v, W_o (C x C each); X, Q, K, V, the
+        concatenated heads and the output (T x C each); each head's masked scores and weights
+        (T x T)."""
+        return 4 * c * c + 6 * t * c + 2 * n_head * t * t
 
     if printable is not None and x is None:  # then d_model sets the size: the random x has 3 rows
         printable("d_model", d_model, None, lambda c: numbers(3, c))
@@ -435,10 +423,13 @@ def explain_given_multi_head(n_head: int, x: torch.Tensor | None = None,
             table(f"Output O_{h} = Weights · V_{h}", s.output, rows, _labels(f"h{h}.", hs), dg),
         ])
         panels += _weight_panels(s, rows, rows, prefix=f"head {h}: ")
+    # W_o's rows are the output's columns, its columns the concatenated heads' columns
     lines += [""] + side_by_side([
         table("Concatenated heads [O_0 | O_1 ...]", walk.concat, rows, head_cols, dg),
-        table("Output Y = concat · W_oᵀ (out_proj)", walk.output, rows, d_cols, dg),
+        table("W_o (out_proj.weight): mixes the heads", attn.out_proj.weight, d_cols, head_cols,
+              dg),
     ])
+    lines += [""] + table("Output Y = concat · W_oᵀ (out_proj)", walk.output, rows, d_cols, dg)
     with torch.no_grad(), caching(attn, ["hook_pattern"]) as cache:
         y = attn(x[None])
     weights = cache["hook_pattern"]  # (1, nh, T, T)
@@ -492,7 +483,8 @@ def explain_model_head(model, tokenizer, text: str, layer: int = 0, head: int = 
         f"head size {hs}). {_projections(model.blocks[layer].attn)}; attention is causal"
         + mask_and_scale(model.blocks[layer].attn, hs, c.block_size) + "."
         + shared_kv(found.kv_head, found.group))
-    lines += paragraph(f"The query is token {labels[i]}." + (f" {note}" if note else "")) + [""]
+    lines += paragraph(f"The query is token {labels[i]} (tokens are numbered from 0)."
+                       + (f" {note}" if note else "")) + [""]
     lines += weights_overview(steps.weights, tokens, digits, min(top, 4)) + [""]
     lines += query_walk(steps, i, v.float().cpu(), labels[i], labels, digits, top=top)
     lines += ["", f"Check: the model's own forward pass gives this head the same weights (max "

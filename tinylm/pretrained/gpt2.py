@@ -164,11 +164,20 @@ def read_tokenizer(file: Path, hf: dict) -> Tokenizer:
 def export_gpt2(model: TinyLM, tokenizer: Tokenizer, folder: Path) -> str | None:
     """Write `model` into `folder` as a transformers GPT-2 (config.json, model.safetensors) with
     its tokenizer (tokenizer.json, tokenizer_config.json). Returns what could not be written
-    (a char tokenizer), or None."""
+    (a char tokenizer), or None. A model GPT-2 cannot hold (local layers, another architecture's
+    weights) is refused, ValueError, before anything is written."""
     c = model.config
     if "local" in (getattr(c, "attention_layers", None) or []):  # a GPT-Neo
         raise ValueError("the model has local attention layers, which GPT-2 has no place for: "
                          "it cannot be exported as GPT-2")
+    ours = {name: p.detach().float().cpu() for name, p in model.state_dict().items()}
+    names = table(c.n_layer, BLOCK_NAMES)
+    # another architecture's weights (a Llama's q_proj, its SwiGLU) have no place in GPT-2
+    foreign = sorted(set(ours) - set(names) - {"lm_head.weight"})  # the LM head is wte: tied
+    if foreign:
+        raise ValueError(f"the model's {foreign[0]} has no place in GPT-2 (the model is a "
+                         f"{type(model).__name__}): it cannot be exported as GPT-2; a "
+                         "pretrained model's own folder is already one that transformers loads")
     write_json_atomic(folder / CONFIG_FILE, {
         "architectures": ["GPT2LMHeadModel"], "model_type": "gpt2",
         "vocab_size": c.vocab_size, "n_positions": c.block_size, "n_layer": c.n_layer,
@@ -179,9 +188,8 @@ def export_gpt2(model: TinyLM, tokenizer: Tokenizer, folder: Path) -> str | None
         "resid_pdrop": c.dropout, "embd_pdrop": c.dropout, "attn_pdrop": c.dropout,
         "bos_token_id": tokenizer.eot_id, "eos_token_id": tokenizer.eot_id})
 
-    ours = {name: p.detach().float().cpu() for name, p in model.state_dict().items()}
     tensors = {}
-    for name, theirs in table(c.n_layer, BLOCK_NAMES).items():
+    for name, theirs in names.items():
         # GPT-2 has biases everywhere: those a model.bias=false run has not are zeros
         tensor = ours[name] if name in ours else torch.zeros(
             ours[name.replace(".bias", ".weight")].size(0))

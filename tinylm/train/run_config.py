@@ -13,11 +13,11 @@ from pathlib import Path
 
 from tinylm.config import ConfigError, at_least, bad, check, choice, to_dataclass
 from tinylm.data import DataConfig
+from tinylm.device import check_threads_setting
 from tinylm.model import ModelConfig
 from tinylm.tokenizer import TokenizerConfig
 from tinylm.train.optim import OptimConfig
 from tinylm.train.runtime import PRECISIONS
-from tinylm.train.threads import check_threads_setting
 
 
 @dataclass
@@ -45,7 +45,7 @@ class TrainConfig:
     sample_prompt: str = "Once upon a time"
     sample_tokens: int = 64  # 0: no sample
     probe_prompt: str = "Lily and Tom went to the park. She"  # attention maps; "": none
-    threads: int | str = "auto"  # torch intra-op threads; auto: the idle usable cores (threads.py)
+    threads: int | str = "auto"  # torch intra-op threads; auto: the idle usable cores (device.py)
 
     def __post_init__(self):
         positive = at_least(1)

@@ -3,18 +3,20 @@ matmul rate (for MFU), Ctrl-C / SIGTERM turned into a clean stop, a missing C++ 
 
     rank, local_rank, world_size = init_distributed()    # (0, 0, 1) without torchrun
     dtype, autocast, scaler = mixed_precision("auto", device)
-    with StopSignals() as stop:                          # stop.signum: set by the first signal
+    with STOP.deferring() as stop:                       # stop.signum: set by the first signal
         ...
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import re
 import signal
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import replace
 from functools import lru_cache
 from pathlib import Path
@@ -32,7 +34,19 @@ DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 PRECISIONS = ("auto", *DTYPES)
 
 
-class TrainingInterrupted(Exception):
+class Stopped(KeyboardInterrupt):
+    """Ctrl-C or SIGTERM that stops the process at once (`signum` says which)."""
+
+    def __init__(self, signum: int):
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+class StoppedAgain(Stopped):
+    """A second Ctrl-C or SIGTERM in the training loop: stop at once, without the checkpoint."""
+
+
+class TrainingInterrupted(KeyboardInterrupt):
     """Ctrl-C or SIGTERM stopped the run after a checkpoint was saved."""
 
     def __init__(self, signum: int, checkpoint: Path | None, step: int):
@@ -41,41 +55,70 @@ class TrainingInterrupted(Exception):
         super().__init__(f"{signal.Signals(signum).name} at step {step}: {where}")
 
 
-class StoppedAgain(KeyboardInterrupt):
-    """A second Ctrl-C or SIGTERM: stop at once, without a checkpoint (`signum` says which)."""
-
-    def __init__(self, signum: int):
-        super().__init__(signal.Signals(signum).name)
-        self.signum = signum
-
-
 class StopSignals:
-    """Turns the first SIGINT/SIGTERM into a flag (`signum`) the loop checks between steps.
+    """What SIGINT (Ctrl-C) and SIGTERM do in this process (one instance, STOP: handlers are the
+    process's). A command installs it for its whole life; the training loop defers to it.
 
-    A second signal interrupts at once (a checkpoint being written stays invisible until complete),
-    except under torchrun (abort_on_second=False): there Ctrl-C reaches each worker twice, from
-    the terminal and from torchrun, which itself kills workers that take too long.
+    Outside `deferring()` the first signal stops at once (Stopped). Inside, the first sets
+    `signum`, which the loop checks between steps to save a checkpoint and stop, and a second
+    stops at once (StoppedAgain; a checkpoint being written stays invisible until complete),
+    except under torchrun (abort_on_second=False), where Ctrl-C reaches each worker twice, from
+    the terminal and from torchrun, which itself kills workers that take too long. Once the
+    process is stopping, later signals are ignored: the way out (closing the logs, releasing the
+    lock, the last line) is never cut short by one more Ctrl-C.
     """
 
-    def __init__(self, abort_on_second: bool = True):
+    SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+    def __init__(self):
         self.signum: int | None = None
-        self.abort_on_second = abort_on_second
-        self._previous: dict[int, Any] = {}
+        self.aborted = self.deferred = False
+        self.abort_on_second = True
 
     def _handle(self, signum, frame):
-        if self.signum is not None and self.abort_on_second:
-            raise StoppedAgain(signum)
-        self.signum = self.signum or signum
+        if self.aborted or (self.signum is not None and
+                            not (self.deferred and self.abort_on_second)):
+            return  # on the way out already
+        first, self.signum = self.signum is None, self.signum or signum
+        if first and self.deferred:
+            return  # the loop saves a checkpoint after this step, then stops
+        self.aborted = True
+        raise (Stopped if first else StoppedAgain)(signum)
 
-    def __enter__(self):
-        if threading.current_thread() is threading.main_thread():  # signals only work there
-            for signum in (signal.SIGINT, signal.SIGTERM):
-                self._previous[signum] = signal.signal(signum, self._handle)
-        return self
+    def install(self) -> bool:
+        """Handle the signals from now on, afresh; False where they cannot be (not the main
+        thread: Python delivers signals there only)."""
+        self.signum, self.aborted = None, False
+        if threading.current_thread() is not threading.main_thread():
+            return False
+        for signum in self.SIGNALS:
+            signal.signal(signum, self._handle)
+        return True
 
-    def __exit__(self, *exc):
-        for signum, handler in self._previous.items():
-            signal.signal(signum, handler)
+    def ignore(self) -> None:
+        """Ignore the signals from now on, where this handles them (a command that ends): at the
+        OS, so that Python's own ending, which resets its handlers, is not cut short either."""
+        if signal.getsignal(signal.SIGINT) == self._handle:
+            for signum in self.SIGNALS:
+                signal.signal(signum, signal.SIG_IGN)
+
+    @contextlib.contextmanager
+    def deferring(self, abort_on_second: bool = True) -> Iterator[StopSignals]:
+        """The training loop's stretch. Where no command installed the handlers (a library
+        call of train()), they are installed for this stretch only."""
+        previous = {signum: signal.getsignal(signum) for signum in self.SIGNALS}
+        ours = previous[signal.SIGINT] == self._handle
+        installed = self.install() and not ours
+        self.deferred, self.abort_on_second = True, abort_on_second
+        try:
+            yield self
+        finally:
+            self.deferred = False
+            for signum, handler in previous.items() if installed else ():
+                signal.signal(signum, handler)
+
+
+STOP = StopSignals()
 
 
 class CompilerMissing(ValueError):

@@ -38,7 +38,7 @@ from tinylm.checkpoint import (
 )
 from tinylm.config import ConfigError, bad
 from tinylm.data import BatchSampler, check_enough_tokens, prepare_data
-from tinylm.device import resolve_device
+from tinylm.device import ThreadChoice, apply_threads, resolve_device, start_sample
 from tinylm.fast import cheaper_dropout
 from tinylm.model import TinyLM
 from tinylm.train.logs import TrainingLogs
@@ -52,6 +52,7 @@ from tinylm.train.resume import (
 )
 from tinylm.train.run_config import RunConfig, TrainConfig
 from tinylm.train.runtime import (
+    STOP,
     StopSignals,
     TrainingInterrupted,
     all_reduce,
@@ -63,7 +64,6 @@ from tinylm.train.runtime import (
     matmul_peak_flops,
     mixed_precision,
 )
-from tinylm.train.threads import apply_threads, resumed_threads, start_sample
 
 log = logging.getLogger("tinylm.train")  # what Hydra's log lines name: the package, not this file
 
@@ -149,6 +149,7 @@ class Trainer:
 
         # the model and its optimizer, and on resume their saved states
         self.threads = apply_threads(t.threads, cpu_sample)
+        self.cpu_sample = start_sample()  # threads=auto: re-chosen at each evaluation from here
         torch.manual_seed(t.seed)
         self.model = TinyLM(model_cfg).to(device)  # the plain module: saved, sampled, probed
         cheaper_dropout(self.model)  # training's faster paths: this and need_logits=False below
@@ -192,11 +193,11 @@ class Trainer:
         start_step, start_time = self.step, time.perf_counter()
         train_loss, val_loss, losses = math.nan, None, []
         step_seconds = 0.0  # tokens/s counts the training steps, not evaluations or checkpoints
-        bar = tqdm(total=t.max_steps, initial=self.step, desc="train", unit="step",
-                   disable=not self.is_main, dynamic_ncols=True)
-        stop = StopSignals(abort_on_second=self.world_size == 1)
-        try:
-            with stop, logging_redirect_tqdm(), bar:
+        try:  # the bar is made inside: one a signal left unclosed would print itself at exit
+            with STOP.deferring(abort_on_second=self.world_size == 1) as stop, \
+                    logging_redirect_tqdm(), \
+                    tqdm(total=t.max_steps, initial=self.step, desc="train", unit="step",
+                         disable=not self.is_main, dynamic_ncols=True) as bar:
                 while self.step < t.max_steps:
                     started = time.perf_counter()
                     train_loss, grad_norm, lr, stopping = self.train_step(stop)
@@ -213,6 +214,7 @@ class Trainer:
                         val_loss = self.evaluate()
                         improved = val_loss < self.best_val  # the same on every rank
                         self.best_val = min(self.best_val, val_loss)
+                        self.recheck_threads()
                     if improved or done or stopping or (
                             t.checkpoint_interval and step % t.checkpoint_interval == 0):
                         self.save(("last", "best") if improved else ("last",))
@@ -296,6 +298,16 @@ class Trainer:
             self.logs.evaluation(self.model, self.step, val_loss, perplexity, self.device)
         return val_loss
 
+    def recheck_threads(self) -> None:
+        """threads=auto: take this process's share of the cores again, as other programs left
+        them since the last look (a program busy at the start may be gone, or one have come)."""
+        if self.t.threads != "auto" or self.device.type != "cpu":
+            return
+        before, self.threads = self.threads.threads, apply_threads("auto", self.cpu_sample)
+        self.cpu_sample = start_sample()
+        if self.threads.threads != before:
+            self.info(f"step {self.step}: threads {before} -> {self.threads.describe()}")
+
     def save(self, tags: tuple[str, ...]) -> None:
         """Checkpoint the current step (every rank takes part: each hands over its RNG/sampler)."""
         ranks = gather(rank_state(self.sampler, self.device, self.threads.threads),
@@ -320,9 +332,16 @@ class Trainer:
                               f"raise train.max_steps")
         self.tokens_seen = state["tokens_seen"]
         if state["world_size"] == self.world_size:
+            # the count the run had at this checkpoint, so that its steps compute as they did;
             # None: a trainer state older than the saved thread count
             saved = int(state["threads"][self.rank]) if state.get("threads") else None
-            self.threads = resumed_threads(self.t.threads, self.threads, saved, log.warning)
+            if saved is not None and self.t.threads == "auto":
+                torch.set_num_threads(saved)
+                self.threads = ThreadChoice(saved, "resumed run's count")
+            elif saved is not None and saved != self.threads.threads:
+                log.warning(f"resuming with train.threads={self.threads.threads}, the checkpoint "
+                            f"was trained with {saved}: the losses and weights may then differ "
+                            "in the last digits from those of an uninterrupted run")
             restore_rank(state, self.rank, self.sampler, self.device)
         else:  # another data order than an uninterrupted run, but not a replay of the first one
             log.warning(f"resuming with {self.world_size} processes instead of "

@@ -1,13 +1,17 @@
 """The TensorBoard backend of the attention tab: its ES module, the texts, weights, probe scores.
 
 Routes (under /data/plugin/tinylm_attention/):
-    /index.js, /style.css    the frontend, served from static/ (no CDN, no build step)
-    /texts                   every (run, text, step) with tinylm attention, and what was skipped
+    /index.js, /style.css,   the frontend, served from static/ (no CDN, no build step)
+    /arithmetic.js
+    /texts                   every (run, text, step) with tinylm attention, what each holds (its
+                             sentence, who wrote it), and what was skipped
     /attention?run=&tag=     one text's JSON content, cut to the tokens the model read
     /weights?run=&tag=       its weights: raw little-endian float16 bytes, (L, nh, T, T)
-    /probes                  layer x head accuracy of each tinylm-probe report in the logdir
+    /arithmetic?run=&tag=&layer=&head=&query=   the steps behind one weight (arithmetic.py)
+    /probes                  layer x head accuracy of each tinylm-probe report in the logdir,
+                             with its chance level and what it reads
     /patching                each activation-patching report: layer x head effects, intervals,
-                             its pairs (without their tokens)
+                             its pairs (their sentences, without their tokens)
     /patching_pair?run=&pair=  one pair: its clean tokens and (L, nh, T) effects per position
 
 Numbers a route cannot define (a patching effect over no difference) are served as null.
@@ -15,7 +19,9 @@ Numbers a route cannot define (a patching effect over no difference) are served 
 Everything served comes from TensorBoard's data provider: the summaries it loaded from the
 logdir's event files (it skips a record cut off by a crash), looked up by the run and tag names it
 lists, never opened as paths; this plugin opens no file of the logdir. A run folder that resolves
-outside the logdir (a link to elsewhere) is not served.
+outside the logdir (a link to elsewhere) is not served; one that a writer killed mid-write left
+behind (a hidden folder, `.<name>.tmp-<pid>-<hex>` as tinylm's writers name theirs, or a `*.tmp`
+one) is not a run: it is never listed nor served.
 
 A logdir may hold anything. A summary that cannot be served (of another format version, crafted,
 of a size beyond the bounds below) is skipped and listed with the reason among the route's
@@ -29,6 +35,8 @@ import json
 import math
 import os
 import pkgutil
+import re
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -38,15 +46,18 @@ from tensorboard.data import provider
 from tensorboard.plugins import base_plugin
 from werkzeug import wrappers
 
-from tinylm.inspection.tensorboard_plugin import PLUGIN_NAME, PROBE_PLUGIN_NAME
+from tinylm.inspection.capture import FEMALE_NAMES, MALE_NAMES, PERSON_PRONOUNS, PRONOUN_GENDER
+from tinylm.inspection.tensorboard_plugin import PLUGIN_NAME, PROBE_PLUGIN_NAME, arithmetic
 from tinylm.inspection.tensorboard_plugin.summary import (
     FORMAT_VERSION,
     PATCHING_POSITIONS_TAG,
     PATCHING_TAG,
+    PROBE_READS,
     PROBE_TAG,
 )
 
-STATIC_FILES = {"/index.js": "text/javascript", "/style.css": "text/css"}
+STATIC_FILES = {"/index.js": "text/javascript", "/style.css": "text/css",
+                "/" + arithmetic.STATIC: "text/javascript"}
 HOW_TO_MAKE_DATA = ("No tinylm attention in this logdir. Train a run (tinylm-train), which writes "
                     "the probe prompt's attention at every evaluation, or inspect a text: "
                     "tinylm-generate checkpoint=<run dir> prompt=\"...\" inspect=true; then point "
@@ -56,10 +67,19 @@ HOW_TO_MAKE_DATA = ("No tinylm attention in this logdir. Train a run (tinylm-tra
 MAX_LAYERS, MAX_HEADS, MAX_TOKENS, MAX_WEIGHTS = 64, 64, 1024, 2**26
 MAX_CHARS = 256  # of one token, word, text name or note; no tokenizer makes longer ones
 MAX_CONTENT_BYTES = 2**24  # a text's description holds the whole text, as long as it may be
-# A patching report: 10x the shipped agreement set's pairs, and effects per pair, layer, head and
-# position (GPT-2's 144 heads over 1024 pairs of 64 tokens are 9.4M) that decode in a blink.
-MAX_PAIRS, MAX_PATCHED = 1024, 2**24
+SENTENCE_CHARS = 80  # of a text or a pair, as the pickers name it
+# A patching report: effects per pair, layer, head and position that decode in a blink (GPT-2's
+# 144 heads over 1,024 pairs of 64 tokens are 9.4M); within that, as many pairs as its
+# description holds (MAX_CONTENT_BYTES): the shipped agreement set has 108.
+MAX_PATCHED = 2**24
+MAX_PAIRS = MAX_PATCHED  # one effect per pair at least
 PATCHING_TAGS = [PATCHING_TAG, PATCHING_POSITIONS_TAG]
+# Who wrote a text, from its name: training (the probe prompt at each evaluation), tinylm-probe
+# (the clean text of a patched pair) or inspect=true (any other name).
+TRAINING_TEXT, PROBE_TEXT = "probe_prompt", re.compile(r"patching/pair_(\d+)")
+# A folder a killed writer left: hidden (tinylm's writers build in `.<name>.tmp-<pid>-<hex>`, and
+# move an old folder aside as `.<name>.old-<pid>-<hex>`), or named `*.tmp` as other writers do.
+LEFTOVER_PART = re.compile(r"^\.(?!\.?$)|\.tmp$|\.tmp-")
 
 
 class Skipped(ValueError):
@@ -92,8 +112,35 @@ def _is_text(value) -> bool:
 
 
 def _is_number(value) -> bool:
-    """A finite int or float (not a bool): what strict JSON can hold."""
-    return type(value) in (int, float) and math.isfinite(value)
+    """An int or float (not a bool) within a float's finite range: what strict JSON can hold.
+    Compared, not converted: an int of 400 digits is out of range, never an OverflowError."""
+    return type(value) in (int, float) and abs(value) <= sys.float_info.max  # NaN: False
+
+
+def is_leftover(run: str) -> bool:
+    """Whether a run lies in a folder a killed writer left behind (LEFTOVER_PART): not a run."""
+    return any(LEFTOVER_PART.search(part) for part in re.split(r"[\\/]", run))
+
+
+def sentence(text: str, ends: bool = False) -> str:
+    """A text as a picker names it, its whitespace made single spaces: its first SENTENCE_CHARS
+    characters, "…" where it was cut; with `ends`, its start and its end around the "…"."""
+    if len(text) > 4 * SENTENCE_CHARS:  # only its ends can show: fold no more than those
+        head = text[:2 * SENTENCE_CHARS]
+        text = head + " " + text[-2 * SENTENCE_CHARS:] if ends else head
+    text = " ".join(text.split())
+    if len(text) <= SENTENCE_CHARS:
+        return text
+    if not ends:
+        return text[:SENTENCE_CHARS - 1].rstrip() + "…"
+    half = SENTENCE_CHARS // 2
+    return text[:half].rstrip() + " … " + text[3 - half:].lstrip()
+
+
+def text_kind(name: str) -> str:
+    """"training", "probe" or "inspect": who wrote a text of this name (see TRAINING_TEXT)."""
+    return ("training" if name == TRAINING_TEXT else "probe" if PROBE_TEXT.fullmatch(name)
+            else "inspect")
 
 
 def _nan_as_null(array: np.ndarray) -> list:
@@ -120,11 +167,12 @@ def read_description(raw: bytes | str, kind: str) -> dict:
     return content
 
 
-def read_content(raw: bytes | str) -> dict:
-    """One text's description, checked, as the tab reads it: the tokens the model read, the words
-    they belong to (renumbered in order), the pronouns and names among those words. Its size is
-    bounded by the checked shape (L, nh, T, T): T tokens and at most T words of MAX_CHARS."""
-    content = read_description(raw, "tinylm attention")
+def read_content(raw: bytes | str | dict) -> dict:
+    """One text's description (or read_description's reading of it), checked, as the tab reads
+    it: the tokens the model read, the words they belong to (renumbered in order), the pronouns
+    and names among those words, each layer's key/value heads. Its size is bounded by the checked
+    shape (L, nh, T, T): T tokens and at most T words of MAX_CHARS, L counts."""
+    content = raw if isinstance(raw, dict) else read_description(raw, "tinylm attention")
     shape = content.get("shape")
     _require(isinstance(shape, list) and len(shape) == 4 and _is_int(shape[0], 1, MAX_LAYERS + 1)
              and _is_int(shape[1], 1, MAX_HEADS + 1) and _is_int(shape[2], 1, MAX_TOKENS + 1)
@@ -145,7 +193,15 @@ def read_content(raw: bytes | str) -> dict:
               "step": content.get("step"), "shape": shape, "tokens": tokens,
               "words": [words[w] for w in kept],
               "token_words": [number.get(w, -1) for w in token_words],
-              "window_note": content.get("window_note", "")}
+              "window_note": content.get("window_note", ""),
+              # absent (tinylm's own models, data written before it was recorded): every head
+              # has its own key/value head
+              "kv_heads": content.get("kv_heads", [shape[1]] * shape[0])}
+    kv = served["kv_heads"]
+    _require(isinstance(kv, list) and len(kv) == shape[0]
+             and all(_is_int(n, 1, shape[1] + 1) and shape[1] % n == 0 for n in kv),
+             f"its kv_heads are not {shape[0]} counts of key/value heads that divide its "
+             f"{shape[1]} heads")
     for key in ("pronouns", "names"):
         indices = content.get(key)
         _require(isinstance(indices, list) and all(_is_int(w, 0, len(words)) for w in indices),
@@ -155,7 +211,29 @@ def read_content(raw: bytes | str) -> dict:
              and all(map(_is_text, served["words"])) and _is_text(served["window_note"]),
              f"its name, step, words or note are not texts of at most {MAX_CHARS} characters "
              "and a step number")
+    # what the readings may mean, from capture.py's lists (data of any age gets them): the
+    # pronouns read against names (not "it"), and the gender of pronouns and listed names, so
+    # that a head pointing at a name of the other gender is flagged
+    shown = served["words"]
+    served["person_pronouns"] = [w for w in served["pronouns"] if shown[w] in PERSON_PRONOUNS]
+    names = set(served["names"])
+    for gender, listed in (("female", FEMALE_NAMES), ("male", MALE_NAMES)):
+        served[f"{gender}_words"] = [
+            w for w, word in enumerate(shown)
+            if (w in names and word in listed) or (w in served["person_pronouns"]
+                                                   and PRONOUN_GENDER.get(word) == gender)]
     return served
+
+
+def read_listed(raw: bytes | str) -> dict:
+    """One text as /texts lists it: read_content's checks, its name and step, who wrote it and
+    the start of its text (its sentence), for a picker a class can read."""
+    description = read_description(raw, "tinylm attention")
+    content, text = read_content(description), description.get("text")
+    if not isinstance(text, str):  # a description without its text: its words
+        text = " ".join(content["words"])
+    return {"name": content["name"], "step": content["step"], "kind": text_kind(content["name"]),
+            "sentence": sentence(text)}
 
 
 def read_pair(pair, i: int, t_max: int) -> dict:
@@ -174,6 +252,8 @@ def read_pair(pair, i: int, t_max: int) -> dict:
              and isinstance(pair.get("source"), str),
              f"its pair {i}'s source and pronouns are not texts")
     return {"source": pair["source"][:MAX_CHARS], "tokens": tokens,
+            # the pair named as a class reads it: its clean text, up to and with its pronoun
+            "text": sentence("".join(tokens) + pair["pronoun"], ends=True),
             **{key: pair[key] for key in ("position", "m_clean", "m_counterfactual", "pronoun",
                                           "wrong_pronoun")}}
 
@@ -186,8 +266,8 @@ def read_patching(raw: bytes | str) -> dict:
     _require(isinstance(shape, list) and len(shape) == 4 and _is_int(shape[0], 0, MAX_PAIRS + 1)
              and _is_int(shape[1], 1, MAX_LAYERS + 1) and _is_int(shape[2], 1, MAX_HEADS + 1)
              and _is_int(shape[3], 0, MAX_TOKENS + 1) and math.prod(shape) <= MAX_PATCHED,
-             f"its shape is not (pairs <= {MAX_PAIRS}, layers <= {MAX_LAYERS}, heads <= "
-             f"{MAX_HEADS}, T <= {MAX_TOKENS}) with at most {MAX_PATCHED} effects")
+             f"its shape is not (pairs, layers <= {MAX_LAYERS}, heads <= {MAX_HEADS}, "
+             f"T <= {MAX_TOKENS}) with at most {MAX_PATCHED} effects")
     _require(_is_int(content.get("n_skipped"), 0, 2**63),
              "its count of skipped pairs is not a number")
     level = content.get("interval_level")
@@ -237,7 +317,9 @@ class AttentionPlugin(base_plugin.TBPlugin):
         apps.update({"/texts": self._serve_texts, "/attention": self._serve_attention,
                      "/weights": self._serve_weights, "/probes": self._serve_probes,
                      "/patching": self._serve_patching,
-                     "/patching_pair": self._serve_patching_pair})
+                     "/patching_pair": self._serve_patching_pair,
+                     arithmetic.ROUTE: wrappers.Request.application(
+                         lambda request: arithmetic.serve(self, request))})
         return apps
 
     def is_active(self) -> bool:
@@ -255,10 +337,18 @@ class AttentionPlugin(base_plugin.TBPlugin):
 
     def _series(self, request, plugin_name: str = PLUGIN_NAME, runs: list[str] | None = None,
                 tags: list[str] | None = None) -> dict:
-        """{run: {tag: TensorTimeSeries}} of a plugin, optionally of these runs and tags only."""
-        return self.data_provider.list_tensors(
+        """{run: {tag: TensorTimeSeries}} of a plugin, optionally of these runs and tags only;
+        never a killed writer's leftover folder (is_leftover)."""
+        series = self.data_provider.list_tensors(
             **_where(request), plugin_name=plugin_name,
             run_tag_filter=provider.RunTagFilter(runs=runs, tags=tags))
+        return {run: tags for run, tags in series.items() if not is_leftover(run)}
+
+    def _run_label(self, run: str) -> str:
+        """A run as the tab names it: "." (the logdir itself) by the logdir's last two folders."""
+        if run != "." or self.logdir is None:
+            return run
+        return "/".join(Path(os.path.abspath(self.logdir)).parts[-2:])
 
     def _tensor(self, request, plugin_name: str, run: str, tag: str, what: str):
         """The array last written under `run` and `tag`, as the data provider decodes it."""
@@ -288,15 +378,21 @@ class AttentionPlugin(base_plugin.TBPlugin):
                 continue
             for tag, ts in sorted(tags.items()):
                 try:
-                    content = read_content(ts.plugin_content)
+                    listed = read_listed(ts.plugin_content)
                 except Skipped as why:
                     problems.append({"run": run, "tag": tag, "message": f"{tag}: {why}"})
                     continue
-                entry = texts.setdefault((run, content["name"]), {
-                    "run": run, "name": content["name"], "steps": []})
-                entry["steps"].append({"step": content["step"], "tag": tag})
+                entry = texts.setdefault((run, listed["name"]), {
+                    "run": run, "name": listed["name"], "steps": [],
+                    "run_label": self._run_label(run), "kind": listed["kind"]})
+                entry["steps"].append({"step": listed["step"], "tag": tag,
+                                       "sentence": listed["sentence"]})
         for entry in texts.values():
             entry["steps"].sort(key=lambda s: s["step"])
+            # what the text holds, as its last step has it (a probe prompt stays the same)
+            entry["sentence"] = entry["steps"][-1]["sentence"]
+            for step in entry["steps"]:
+                del step["sentence"]
         return _json(request, {"texts": list(texts.values()), "problems": problems,
                                "empty": HOW_TO_MAKE_DATA if not texts else None})
 
@@ -332,14 +428,22 @@ class AttentionPlugin(base_plugin.TBPlugin):
                             " x ".join(map(str, shape))).astype("<f2")
 
     def _probe(self, request, run: str, tag: str, ts) -> dict:
-        """One tinylm-probe summary as the tab draws it: its item count, layer x head accuracy."""
+        """One tinylm-probe summary as the tab draws it: its item count, layer x head accuracy,
+        the accuracy of chance (0.5 where the summary does not say: two characters) and what it
+        reads."""
         self._require_inside(run)
-        n = read_description(ts.plugin_content, "a tinylm-probe report").get("n")
+        description = read_description(ts.plugin_content, "a tinylm-probe report")
+        n = description.get("n")
         _require(_is_int(n, 0, 2**63), "its item count is not a number")
+        chance, reads = description.get("chance", 0.5), description.get("reads", PROBE_READS)
+        _require(_is_number(chance) and 0 < chance < 1, "its chance level is not between 0 and 1")
+        _require(isinstance(reads, str) and len(reads) <= 4 * MAX_CHARS,
+                 f"what it reads is not a text of at most {4 * MAX_CHARS} characters")
         accuracy = self._tensor(request, PROBE_PLUGIN_NAME, run, tag, "its accuracies")
         read_numbers(accuracy, "its accuracies", _is_grid,
                      f"(layers <= {MAX_LAYERS}) x (heads <= {MAX_HEADS})")
-        return {"run": run, "n": n, "accuracy": accuracy.tolist()}
+        return {"run": run, "run_label": self._run_label(run), "n": n,
+                "accuracy": accuracy.tolist(), "chance": chance, "reads": reads}
 
     @wrappers.Request.application
     def _serve_probes(self, request):
@@ -389,7 +493,8 @@ class AttentionPlugin(base_plugin.TBPlugin):
                                  "message": f"{PATCHING_TAG}: {why}"})
                 continue
             reports.append({
-                "run": run, "n_skipped": description["n_skipped"],
+                "run": run, "run_label": self._run_label(run),
+                "n_skipped": description["n_skipped"],
                 "interval_level": description["interval_level"],
                 "shape": description["shape"][1:3], "effect": _nan_as_null(grid[..., 0]),
                 "interval": _nan_as_null(grid[..., 1:]),

@@ -1,14 +1,16 @@
 """What the attention tab reads: per inspected text and step, a summary tagged `tinylm_attention`
 holding the weights as float16 (n_layer, n_head, T, T) and JSON content (text, tokens, the token ->
-word map, pronouns, names, a note when the text was cut), under its own tag `<name>/step_<step>`
-since TensorBoard samples only 10 tensors per tag by default; and per tinylm-probe report, one
-tagged `tinylm_probe` holding its layer x head accuracy as float32 and its item count; and per
-activation-patching report, two more tagged `tinylm_probe`: the layer x head effects with their
-intervals, float32 (L, nh, 3), described by the pairs, and the effects per pair and position,
-float32 (P, L, nh, T_max).
+word map, pronouns, names, a note when the text was cut, each layer's key/value heads where query
+heads share them), under its own tag `<name>/step_<step>` since TensorBoard samples only 10
+tensors per tag by default; and per tinylm-probe report, one tagged `tinylm_probe` holding its
+layer x head accuracy as float32, its item count, the accuracy of chance and what the accuracy
+reads (a picker and a grid a class can read need both); and per activation-patching report, two more
+tagged `tinylm_probe`: the layer x head effects with their intervals, float32 (L, nh, 3),
+described by the pairs, and the effects per pair and position, float32 (P, L, nh, T_max).
 
     write_attention(writer, "probe_prompt", capture, step)  # writer: torch SummaryWriter
     write_probe(writer, report["n"], accuracy)               # accuracy: (n_layer, n_head)
+    write_probe(writer, n, accuracy, chance=1 / 3, reads="...")  # another probe's
     write_patching(writer, effects, intervals, pair_effects, pairs, n_skipped, interval_level)
 """
 
@@ -26,6 +28,10 @@ FORMAT_VERSION = 1  # bumped when the content's meaning changes; the tab names o
 PROBE_TAG = "probe/accuracy_grid"
 PATCHING_TAG = "probe/patching"  # (L, nh, 3): effect, interval low, interval high
 PATCHING_POSITIONS_TAG = "probe/patching_by_position"  # (P, L, nh, T_max)
+# What tinylm-probe's accuracy grid reads (its Resolving probe); chance is 0.5 on its items, which
+# hold two characters: a head that picks one at random is right on half of them.
+PROBE_READS = ("attention from the pronoun itself (resolving): the share of two-character items "
+               "on which the head looks more at the pronoun's character than at the other one")
 DTYPES = {np.dtype("<f2"): types_pb2.DT_HALF, np.dtype("<f4"): types_pb2.DT_FLOAT}
 
 
@@ -49,6 +55,9 @@ def attention_content(name: str, capture: AttentionCapture, step: int) -> dict:
         "names": [i for i in range(len(words)) if is_name(capture.text, capture.word_spans, i)],
         "shape": list(capture.weights.shape),
         "window_note": capture.window_note() if capture.n_text_tokens > len(capture.ids) else "",
+        # each layer's key/value heads, where query heads share them (grouped-query attention);
+        # absent: every head has its own, as in the data written before it was recorded
+        **({"kv_heads": capture.shared_kv_heads} if capture.shared_kv_heads else {}),
     }
 
 
@@ -74,9 +83,13 @@ def attention_summary(name: str, capture: AttentionCapture, step: int) -> summar
                           attention_content(name, capture, step), capture.weights.astype("<f2"))
 
 
-def probe_summary(n: int, accuracy: np.ndarray) -> summary_pb2.Summary:
-    """A tinylm-probe report as the tab draws it: float32 (L, nh) accuracy, its item count."""
-    return tensor_summary(PROBE_PLUGIN_NAME, PROBE_TAG, {"version": FORMAT_VERSION, "n": n},
+def probe_summary(n: int, accuracy: np.ndarray, chance: float = 0.5,
+                  reads: str = PROBE_READS) -> summary_pb2.Summary:
+    """A tinylm-probe report as the tab draws it: float32 (L, nh) accuracy, its item count, the
+    accuracy of chance (a head choosing at random among the items' characters) and what it
+    reads."""
+    return tensor_summary(PROBE_PLUGIN_NAME, PROBE_TAG, {"version": FORMAT_VERSION, "n": n,
+                                                         "chance": chance, "reads": reads},
                           accuracy.astype("<f4"))
 
 
@@ -121,13 +134,19 @@ def patching_summary(effects: np.ndarray, intervals: np.ndarray, pair_effects: n
 
 
 def write_attention(writer, name: str, capture: AttentionCapture, step: int) -> None:
-    """Add one text's attention to a torch SummaryWriter's event file, for the attention tab."""
+    """Add one text's attention to a torch SummaryWriter's event file, for the attention tab,
+    and the q, k and v behind it where the capture recorded them (the arithmetic panel's)."""
+    from tinylm.inspection.tensorboard_plugin.arithmetic import write_arithmetic
+
     writer.file_writer.add_summary(attention_summary(name, capture, step), step)
+    write_arithmetic(writer, name, capture, step)
 
 
-def write_probe(writer, n: int, accuracy: np.ndarray) -> None:
-    """Add a tinylm-probe report's (L, nh) accuracy over n items to a torch SummaryWriter."""
-    writer.file_writer.add_summary(probe_summary(n, accuracy), 0)
+def write_probe(writer, n: int, accuracy: np.ndarray, chance: float = 0.5,
+                reads: str = PROBE_READS) -> None:
+    """Add a tinylm-probe report's (L, nh) accuracy over n items, its chance level and what it
+    reads, to a torch SummaryWriter."""
+    writer.file_writer.add_summary(probe_summary(n, accuracy, chance, reads), 0)
 
 
 def write_patching(writer, effects: np.ndarray, intervals: np.ndarray, pair_effects: np.ndarray,

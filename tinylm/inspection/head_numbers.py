@@ -1,0 +1,142 @@
+"""What the tab's arithmetic panel needs of one text: each head's q, k and v and the weights the
+forward pass gave, read at the hook points (tinylm/hooks.py) when the text is captured; and what a
+layer hides besides the causal mask, said as a band. tensorboard_plugin/arithmetic.py writes and
+serves them."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from tinylm.attention import causal_mask
+from tinylm.hooks import caching
+
+MASK_POSITIONS = 4096  # how far a layer's mask is looked at to find its band
+MAX_STORED = 2**22  # float32 numbers per text: 16 MiB (see the module docstring)
+ARCHITECTURES = {"TinyLM": "tinylm", "GPT2LM": "GPT-2", "GPTNeoLM": "GPT-Neo",
+                 "LlamaLM": "Llama-family"}
+
+
+@dataclass
+class LayerNumbers:
+    """One layer's stored numbers and how it attends."""
+
+    layer: int
+    n_kv_head: int  # key/value heads: query head h reads h // (n_head // n_kv_head)
+    scale: float | None  # multiplies q·k; None: 1/√d
+    window: int | None  # a local layer: each query sees only the last `window` positions
+    rotary: bool  # q and k were rotated by position before the hook points
+    flat: np.ndarray  # float32: q (nh, T, hs), k, v (nkv, T, hs), weights' lower triangle
+
+    def meta(self) -> dict:
+        return {"layer": self.layer, "n_kv_head": self.n_kv_head, "scale": self.scale,
+                "window": self.window, "rotary": self.rotary}
+
+
+@dataclass
+class ArithmeticCapture:
+    """What the arithmetic panel needs of one text: each kept layer's q, k, v and weights."""
+
+    architecture: str
+    n_layer: int
+    n_head: int
+    head_size: int
+    tokens: int  # T
+    dtype: str  # what the model computed q, k, v in ("float32", "bfloat16")
+    layers: list[LayerNumbers] = field(default_factory=list)
+    not_stored: str = ""  # why the other layers are missing; "" when every layer is kept
+
+    @property
+    def size(self) -> int:
+        return sum(layer.flat.size for layer in self.layers)
+
+
+def layer_numbers(n_head: int, n_kv_head: int, head_size: int, t: int) -> int:
+    """How many numbers one layer stores: q, k, v and its weights' lower triangle."""
+    return (n_head + 2 * n_kv_head) * t * head_size + n_head * t * (t + 1) // 2
+
+
+def layer_window(attn, positions: int) -> tuple[int | None, bool]:
+    """(w, ok): the band of keys the layer's mask keeps besides the causal one (None: none), and
+    whether what it hides is such a band at all (the route recomputes only bands)."""
+    hidden = attn.hidden(positions, positions, "cpu")
+    if hidden is None:
+        return None, True
+    hidden = hidden.cpu() | causal_mask(positions, positions)
+    window = band_width(hidden)
+    return window, window is not None
+
+
+@torch.inference_mode()
+def capture_arithmetic(model, ids, layers: list[int] | None = None,
+                       budget: int = MAX_STORED) -> ArithmeticCapture:
+    """One forward pass over token ids (T,) reading each kept layer's q, k, v and weights at its
+    hook points (tinylm.hooks.caching): layers 0, 1, ... while they fit in `budget` numbers, or
+    those of `layers` that fit."""
+    device = next(model.parameters()).device
+    idx = torch.as_tensor(ids, dtype=torch.long, device=device).reshape(1, -1)
+    t = idx.size(1)
+    blocks = model.blocks
+    first = blocks[0].attn
+    name = ARCHITECTURES.get(type(model).__name__, type(model).__name__)
+    positions = min(int(model.config.block_size), MASK_POSITIONS)
+    wanted = list(range(len(blocks))) if layers is None else sorted(set(layers))
+    kept, not_band, why, total = [], [], [], 0
+    for i in wanted:
+        if not 0 <= i < len(blocks):
+            raise ValueError(f"layer {i} is out of range: the model has {len(blocks)} layers")
+        attn = blocks[i].attn
+        window, band = layer_window(attn, positions)
+        if not band:
+            not_band.append(i)
+            continue
+        size = layer_numbers(attn.n_head, getattr(attn, "n_kv_head", attn.n_head),
+                             attn.head_size, t)
+        if total + size > budget:
+            why.append(f"layer {i} and later do not fit in the {budget:,} numbers kept per text "
+                       f"(a layer's q, k, v and weights over {t} tokens are {size:,}): inspect "
+                       "a shorter text to see them")
+            break
+        kept.append((i, window))
+        total += size
+    if not_band:
+        why.insert(0, f"layers {', '.join(map(str, not_band))} hide more than a band of "
+                   "earlier positions")
+    left_out = [i for i in range(len(blocks)) if i not in {i for i, _ in kept}]
+    if layers is not None and left_out:
+        why.insert(0, f"only layers {', '.join(map(str, wanted))} were asked for")
+    numbers = ArithmeticCapture(name, len(blocks), first.n_head, first.head_size, t, "float32",
+                                not_stored="; ".join(why) if left_out else "")
+    if not kept:
+        return numbers
+    points = ("hook_q", "hook_k", "hook_v", "hook_pattern")
+    names = [f"blocks.{i}.attn.{p}" for i, _ in kept for p in points]
+    # every layer's weights are read, as capture_attention reads them, so that every layer takes
+    # the same (explicit) path and the numbers are the ones the tab's own weights come from
+    with caching(model, [*names, "hook_pattern"]) as cache:
+        model(idx)
+    rows, cols = np.tril_indices(t)
+    for i, window in kept:
+        attn = blocks[i].attn
+        q, k, v, w = (cache[f"blocks.{i}.attn.{p}"][0] for p in points)
+        numbers.dtype = str(q.dtype).removeprefix("torch.")
+        w = w.float().cpu().numpy()[:, rows, cols]  # (nh, T(T+1)/2): the causal triangle
+        flat = np.concatenate([x.float().cpu().numpy().ravel() for x in (q, k, v)] + [w.ravel()])
+        numbers.layers.append(LayerNumbers(
+            i, k.size(0), None if attn.scale is None else float(attn.scale), window,
+            hasattr(attn, "rotary"), flat.astype("<f4")))
+    return numbers
+
+
+# ------------------------------------------------------------------------------- the summary
+
+
+def band_width(hidden: torch.Tensor) -> int | None:
+    """w where the visible positions (~hidden, (T, T)) are a band, query i seeing keys i-w+1..i;
+    None for any other mask."""
+    T = hidden.size(0)
+    w = int((~hidden).sum(-1).max())
+    i, j = torch.arange(T)[:, None], torch.arange(T)[None, :]
+    return w if torch.equal(~hidden, (j <= i) & (j > i - w)) else None
