@@ -17,6 +17,7 @@ from tinylm.inspection.figures import (
     attention_grid_figure,
     event_writer,
     figure_to_image,
+    layer_head_heatmap,
     log_image,
     save_figure,
 )
@@ -38,6 +39,19 @@ def test_every_layer_and_title_gives_the_pixels_of_a_fresh_figure(n_head, t, max
         fresh = figure_to_image(attention_grid_figure(weights, tokens, title, max_labels,
                                                       highlight))
         assert np.array_equal(grids(weights, title), fresh), title
+
+
+def test_a_heatmap_centred_on_a_baseline_marks_it_on_its_colour_bar():
+    accuracy = np.array([[0.39, 0.56], [0.5, 0.44]])
+    fig = layer_head_heatmap(accuracy, "accuracy", "accuracy", center=0.5)
+    _, bar = fig.axes
+    (line,) = bar.get_lines()
+    assert list(line.get_ydata()) == [0.5, 0.5] and line.get_linestyle() == "--"
+    assert 0.5 in bar.get_yticks()
+    low, high = bar.get_ylim()
+    assert low < 0.39 and high > 0.56 and high - 0.5 == pytest.approx(0.5 - low)
+    plain = layer_head_heatmap(accuracy)  # no baseline: no line
+    assert not plain.axes[1].get_lines()
 
 
 def test_weights_of_another_shape_are_refused():

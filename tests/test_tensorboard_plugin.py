@@ -207,6 +207,24 @@ def test_a_probe_report_is_served_from_its_summary_with_its_run(tmp_path):
         "problems": []}
 
 
+def test_a_logdir_that_is_itself_a_run_is_named_by_its_folder_and_texts_by_their_sentence(
+        tmp_path, char_capture):
+    logdir = tmp_path / "run" / "probe" / "2026-12-01_07-48-40"  # tensorboard --logdir <that>
+    writer = SummaryWriter(str(logdir))
+    write_probe(writer, 72, np.full((2, 2), 0.5))
+    write_attention(writer, "patching/pair_000",
+                    char_capture("Lily went to the park. After a while, she", 1, 2, 64), 0)
+    write_attention(writer, "probe_prompt", char_capture("Tom ran.  He\nfell.", 1, 2, 64), 10)
+    writer.close()
+    client = in_process_app(logdir)
+    (report,) = client.get(f"{ROUTE}/probes").json["reports"]
+    assert (report["run"], report["run_label"]) == (".", "probe/2026-12-01_07-48-40")
+    texts = client.get(f"{ROUTE}/texts").json["texts"]
+    assert [(t["run_label"], t["kind"], t["sentence"]) for t in texts] == [
+        ("probe/2026-12-01_07-48-40", "probe", "Lily went to the park. After a while, she"),
+        ("probe/2026-12-01_07-48-40", "training", "Tom ran. He fell.")]
+
+
 def test_requests_can_name_only_tinylm_runs_never_a_path(tmp_path, char_capture):
     capture = char_capture("Lily saw Tom. She ran.", n_layer=1, n_head=2, block_size=32)
     write_text(tmp_path / "logs" / "run", "inspect", capture)
@@ -356,6 +374,8 @@ def choose_text(browser, run, step=None, kind=None, pair=None):
     """Pick a text of a run (of a kind: inspect, training, probe), a step of it or a pair of its
     patching report; returns the ms the tab took to fetch and draw it."""
     def picked(select_id, value):
+        if browser.find_element("id", select_id).get_attribute("value") == str(value):
+            return 0  # shown already: picking it again changes nothing
         browser.execute_script("window.tinylmTiming.textLoadMs = null")
         choose(browser, select_id, value)
         return wait_for(lambda: browser.execute_script("return window.tinylmTiming.textLoadMs"),
@@ -757,6 +777,13 @@ def test_a_class_sees_every_view_named_with_its_legends_and_one_pair_picker(
         # the deciding token (often "," or ".") in a box as wide as a short word's
         assert js(browser, "document.querySelector('#patch-strip .deciding').offsetWidth") >= 30
         screenshot(browser, shots / "tab-patching.png")
+        # the accuracy grid around its chance, under the patching grid (the arithmetic folded)
+        js(browser, "document.getElementById('arithmetic-panel').open = false")
+        js(browser, "window.scrollTo(0, document.querySelector('.probe')"
+                    ".getBoundingClientRect().top + window.scrollY - 560)")
+        screenshot(browser, shots / "tab-chance.png")
+        js(browser, "document.getElementById('arithmetic-panel').open = true")
+        js(browser, "window.scrollTo(0, 0)")
         choose(browser, "pair-select", 0)
         wait_for(lambda: both_views() != (text, strip), 10, "pair 1 in both views")
         text0, strip0 = both_views()

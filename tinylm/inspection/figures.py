@@ -186,7 +186,8 @@ def layer_head_heatmap(values: np.ndarray, title: str = "", label: str = "",
                        fmt: str = "{:.2f}", center: float | None = None) -> Figure:
     """A (n_layer, n_head) table of per-head numbers (accuracy, ablation effect) as a heatmap.
 
-    `center`: use a diverging colour map symmetric around this value (e.g. 0 for changes).
+    `center`: use a diverging colour map symmetric around this value (e.g. 0 for changes, 0.5
+    for an accuracy whose chance is 0.5), marked on the colour bar as the baseline.
     """
     values = np.asarray(values, dtype=np.float64)
     if values.ndim != 2:
@@ -211,7 +212,10 @@ def layer_head_heatmap(values: np.ndarray, title: str = "", label: str = "",
     ax.set_xlabel("head")
     ax.set_ylabel("layer")
     ax.set_title(title)
-    fig.colorbar(image, ax=ax, label=label)
+    bar = fig.colorbar(image, ax=ax, label=label)
+    if center is not None:  # the baseline a reader compares every cell with
+        bar.ax.axhline(center, color="black", linestyle="--", linewidth=1.2)
+        bar.set_ticks(sorted({*bar.get_ticks(), center}))
     return fig
 
 
