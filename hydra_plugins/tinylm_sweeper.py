@@ -1,10 +1,9 @@
 """Hydra's basic sweeper, which hands its whole list of jobs to a check before it runs the first:
-a bad value in the last job of a sweep stops the sweep before the first job trains, not after.
+a bad value in the last job of a sweep stops the sweep before the first job trains.
 
-A Hydra plugin (Hydra finds its plugins in the hydra_plugins namespace package only); tinylm's
-conf/hydra/sweeper/checked.yaml picks it and names the check, tinylm.cli.train.check_sweep.
-The jobs are the basic sweeper's own (split_arguments: every value of each swept key with every
-value of the others, in the order it runs them); the sweep itself is the basic sweeper's too.
+A Hydra plugin (Hydra finds plugins in the hydra_plugins namespace package only);
+conf/hydra/sweeper/checked.yaml picks it and names the check, tinylm.cli.train.check_sweep. The
+jobs and the sweep are the basic sweeper's own (split_arguments, in the order it runs them).
 """
 
 from __future__ import annotations

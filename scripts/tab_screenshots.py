@@ -9,8 +9,8 @@ the browser test that walks through every view a class sees
 (tests/test_tensorboard_plugin.py::test_a_class_sees_every_view_named_with_its_legends_and_one_pair_picker)
 over that logdir, which saves each view as a PNG of at most 150 KB: tab-landing.png,
 tab-pronoun.png (also as attention-tab.png, the README's picture), tab-all-heads.png,
-tab-patching.png, tab-chance.png, tab-arithmetic.png. Needs Debian's chromium and chromium-driver, as the browser
-tests do; about half a minute on 2 cores.
+tab-patching.png, tab-chance.png, tab-arithmetic.png. Needs Debian's chromium and
+chromium-driver, as the browser tests do; about half a minute on 2 cores.
 """
 
 from __future__ import annotations

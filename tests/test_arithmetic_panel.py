@@ -9,7 +9,6 @@ in headless Chromium, its screenshot saved as docs/arithmetic-panel.png.
 import json
 import math
 import os
-import pkgutil
 import shutil
 import threading
 import urllib.parse
@@ -32,17 +31,16 @@ from werkzeug.test import Client
 from tinylm.checkpoint import load_checkpoint
 from tinylm.files import project_root
 from tinylm.inspection.capture import capture_attention
-from tinylm.inspection.tensorboard_plugin import PLUGIN_NAME, arithmetic
-from tinylm.inspection.tensorboard_plugin.arithmetic import (
-    ARITHMETIC_PLUGIN_NAME,
-    MAX_STORED,
-    arithmetic_summary,
-    capture_arithmetic,
-    qkv_tag,
-    write_arithmetic,
-)
+from tinylm.inspection.head_numbers import MAX_STORED, capture_arithmetic, layer_numbers
+from tinylm.inspection.tensorboard_plugin import ARITHMETIC_PLUGIN_NAME, PLUGIN_NAME
 from tinylm.inspection.tensorboard_plugin.plugin import AttentionPlugin
-from tinylm.inspection.tensorboard_plugin.summary import attention_summary, step_tag
+from tinylm.inspection.tensorboard_plugin.summary import (
+    arithmetic_summary,
+    attention_summary,
+    qkv_tag,
+    step_tag,
+    write_attention,
+)
 from tinylm.inspection.walkthrough import model_head_steps
 from tinylm.pretrained import build, load_pretrained
 from tinylm.pretrained.gpt_neo import GPTNeoConfig
@@ -64,32 +62,18 @@ def strict(text: str):
     return json.loads(text, parse_constant=refuse)
 
 
-def write_text(directory, capture, model=None, step=0):
-    """A text's attention for the tab, and its q, k and v for the panel: those the capture
-    holds, or those of the model's forward pass over it (none without either)."""
+def write_text(directory, capture, step=0):
+    """A text's attention for the tab, and the q, k and v the capture holds for the panel."""
     writer = SummaryWriter(str(directory))
-    writer.file_writer.add_summary(attention_summary("inspect", capture, step), step)
-    write_arithmetic(writer, "inspect", capture, step, model)
+    write_attention(writer, "inspect", capture, step)
     writer.close()
 
 
 class PanelPlugin(AttentionPlugin):
-    """The tab's plugin with the route and the script as plugin.py serves them once they are
-    wired in, and a bare page that loads the script, for the browser."""
+    """The tab's plugin with a bare page that loads the panel's script, for the browser."""
 
     def get_plugin_apps(self):
-        apps = super().get_plugin_apps()
-        apps.setdefault(arithmetic.ROUTE, arithmetic.app(self))
-        apps.setdefault("/" + arithmetic.STATIC, script)
-        apps["/panel.html"] = page
-        return apps
-
-
-@wrappers.Request.application
-def script(request):
-    return wrappers.Response(pkgutil.get_data("tinylm.inspection.tensorboard_plugin",
-                                              f"static/{arithmetic.STATIC}"),
-                             mimetype="text/javascript")
+        return {**super().get_plugin_apps(), "/panel.html": page}
 
 
 @wrappers.Request.application
@@ -163,17 +147,15 @@ def logdir(tmp_path_factory, trained, llama, neo, bpe):
     trained model's text with its q, k, v kept for its first 2 layers only."""
     root = tmp_path_factory.mktemp("arithmetic")
     model, tokenizer = trained
-    write_text(root / "default", capture_attention(model, tokenizer, PROMPT), model)
+    write_text(root / "default", capture_attention(model, tokenizer, PROMPT))
     llama_model, llama_tokenizer, _ = llama
-    write_text(root / "llama", capture_attention(llama_model, llama_tokenizer, PROMPT),
-               llama_model)
-    write_text(root / "neo", capture_attention(neo, bpe, NEO_TEXT), neo)
+    write_text(root / "llama", capture_attention(llama_model, llama_tokenizer, PROMPT))
+    write_text(root / "neo", capture_attention(neo, bpe, NEO_TEXT))
     capture = capture_attention(model, tokenizer, PROMPT)
     c = model.config
-    per_layer = arithmetic.layer_numbers(c.n_head, c.n_head, c.n_embd // c.n_head,
-                                         len(capture.ids))
+    per_layer = layer_numbers(c.n_head, c.n_head, c.n_embd // c.n_head, len(capture.ids))
     capture.arithmetic = capture_arithmetic(model, capture.ids, budget=2 * per_layer + 1)
-    write_text(root / "budget", capture, model)
+    write_text(root / "budget", capture)
     return root
 
 
@@ -295,11 +277,8 @@ def test_the_layers_kept_fit_the_budget_and_the_others_are_named(client, trained
     assert summary.metadata.plugin_data.plugin_name == ARITHMETIC_PLUGIN_NAME != PLUGIN_NAME
     c = model.config
     full = capture_arithmetic(model, list(range(c.block_size)))  # the model's whole context
-    assert len(full.layers) == c.n_layer and full.size == c.n_layer * arithmetic.layer_numbers(
+    assert len(full.layers) == c.n_layer and full.size == c.n_layer * layer_numbers(
         c.n_head, c.n_head, c.n_embd // c.n_head, c.block_size)
-    asked = capture_arithmetic(model, tokenizer.encode(PROMPT), layers=[1])
-    assert [layer.layer for layer in asked.layers] == [1]
-    assert asked.not_stored.startswith("only layers 1 were asked for")
 
     # the budget run kept 2 layers of the text's
     status, a = ask(client, run="budget", layer=1, head=1, query=3)
@@ -330,8 +309,8 @@ def test_the_route_serves_only_runs_inside_the_logdir(tmp_path, trained):
     model, tokenizer = trained
     capture = capture_attention(model, tokenizer, PROMPT)
     logs, secret = tmp_path / "logs", tmp_path / "secret"
-    write_text(logs / "run", capture, model)
-    write_text(secret, capture, model)
+    write_text(logs / "run", capture)
+    write_text(secret, capture)
     os.symlink(secret, logs / "linked")  # a run folder inside that resolves outside
     client = Client(panel_app(logs))
     status, a = ask(client, run="run", layer=0, head=0, query=2)

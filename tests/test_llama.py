@@ -18,6 +18,7 @@ from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedTokenizerFa
 from tinylm.generate import generate
 from tinylm.hooks import run_with_cache
 from tinylm.pretrained import llama
+from tinylm.pretrained.common import layers_in
 from tinylm.tokenizer import BPETokenizer, load_tokenizer
 
 PROMPT = "Lily and Tom went to the park. She"
@@ -29,7 +30,7 @@ def load(folder):
     config's end-of-text token."""
     hf = json.loads((folder / "config.json").read_text())
     weights = folder / "model.safetensors"
-    config = llama.read_config(hf, folder / "config.json", llama.layer_count(weights))
+    config = llama.read_config(hf, folder / "config.json", layers_in(weights, llama.BLOCK))
     with torch.device("meta"):
         model = llama.LlamaLM(config)
     llama.load(weights, model)
@@ -234,8 +235,9 @@ def test_real_configs_build_transformers_shapes(tmp_path, name):
     assert ours.num_params() == sum(p.numel() for p in theirs.parameters())
     shapes = {name: t.shape for name, t in theirs.state_dict().items()}
     ours_shapes = {name: t.shape for name, t in ours.state_dict().items()}
-    for mine, stored in llama.table(ours).items():
-        assert ours_shapes[mine] == shapes[stored], (mine, stored)
+    for mine, stored in llama.table(config.n_layer).items():
+        if mine in ours_shapes:  # a bias this config has not is not read
+            assert ours_shapes[mine] == shapes[stored], (mine, stored)
     rotary = type(theirs.model.rotary_emb)(theirs.config)  # again, off the meta device
     torch.testing.assert_close(ours.blocks[0].attn.rotary.freq, rotary.inv_freq)
 

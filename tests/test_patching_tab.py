@@ -20,7 +20,7 @@ from torch.utils.tensorboard import SummaryWriter
 
 from tinylm.inspection.capture import AttentionCapture, find_words, token_word_index, word_level
 from tinylm.inspection.tensorboard_plugin import PROBE_PLUGIN_NAME
-from tinylm.inspection.tensorboard_plugin.plugin import MAX_CHARS, MAX_PATCHED
+from tinylm.inspection.tensorboard_plugin.reading import MAX_CHARS, MAX_PATCHED
 from tinylm.inspection.tensorboard_plugin.summary import (
     PATCHING_POSITIONS_TAG,
     PATCHING_TAG,

@@ -37,7 +37,7 @@ def test_every_layer_and_title_gives_the_pixels_of_a_fresh_figure(n_head, t, max
                                   ""]):
         weights = causal_weights(seed, (n_head, t, t))
         fresh = figure_to_image(attention_grid_figure(weights, tokens, title, max_labels,
-                                                      highlight))
+                                                      highlight)[0])
         assert np.array_equal(grids(weights, title), fresh), title
 
 
@@ -66,7 +66,7 @@ def test_weights_of_another_shape_are_refused():
 
 @pytest.mark.slow
 def test_a_saved_figure_takes_the_format_its_suffix_names_and_leaves_no_temporary_file(tmp_path):
-    fig = attention_grid_figure(causal_weights(0, (2, 4, 4)), list("abcd"), "t", 8, ())
+    fig, _, _ = attention_grid_figure(causal_weights(0, (2, 4, 4)), list("abcd"), "t", 8, ())
     starts = {"a.png": b"\x89PNG", "b.svg": b"<?xml", "c": b"\x89PNG"}  # no suffix: PNG
     for name, start in starts.items():
         assert save_figure(fig, tmp_path / "figs" / name) == tmp_path / "figs" / name

@@ -22,7 +22,7 @@ from tensorboard.compat.proto import tensor_pb2, tensor_shape_pb2, types_pb2
 from torch.utils.tensorboard import SummaryWriter
 
 from tinylm.inspection.capture import AttentionCapture, find_words, token_word_index
-from tinylm.inspection.tensorboard_plugin.plugin import (
+from tinylm.inspection.tensorboard_plugin.reading import (
     MAX_CHARS,
     MAX_HEADS,
     MAX_LAYERS,

@@ -2,6 +2,7 @@
 the probe files, bad input and the tinylm-probe command."""
 
 import dataclasses
+import inspect
 import json
 import math
 from collections import Counter
@@ -22,6 +23,7 @@ import tinylm.cli.sizes
 import tinylm.inspection.probe_types
 from tinylm.cli.probe import ProbeConfig, run_probe
 from tinylm.files import project_root
+from tinylm.inspection import figures
 from tinylm.inspection.capture import NAMES, find_words
 from tinylm.inspection.patching import PatchingResult, PatchPair
 from tinylm.inspection.probe import (
@@ -46,6 +48,7 @@ from tinylm.inspection.probe_items import (
     encode_attention_item,
     new_word_tokens,
 )
+from tinylm.inspection.probe_report import write_probe_figures
 from tinylm.inspection.probe_types import (
     PROBE_TYPES,
     Agreement,
@@ -417,6 +420,33 @@ def test_her_has_no_derived_wrong_pronoun_and_is_left_out_of_the_match_and_count
     # the derived wrong pronoun follows the written one's case: "She" is compared with "He"
     enc = encode_agreement_item(bpe, items[0], 64, "he")
     assert bpe.decode(enc.wrong[enc.n_context:]) == " He"
+
+
+def test_a_share_whose_chance_is_a_half_centres_its_heatmap_there_and_a_change_on_zero(
+        model, bpe, tmp_path, monkeypatch):
+    """The colour bar marks the baseline a reader compares each head with: 0.5 for the resolving
+    accuracy and the prediction match (a choice between two), 0 for a change or a correlation."""
+    lines = [item("Lily and Tom went to the park. She saw a big red ball.", "She", ["Lily"],
+                  ["Tom"]),
+             item("Lily went to the park. After a while, she saw a big dog.", "she", ["Lily"],
+                  wrong="he")]
+    report = probe(model, bpe, [parse_item(x, f"t{n}") for n, x in enumerate(lines)], ablate=True)
+    centers = {}
+    signature = inspect.signature(figures.layer_head_heatmap)
+    monkeypatch.setattr(figures, "layer_head_heatmap",
+                        lambda *args, **kwargs: signature.bind(*args, **kwargs).arguments)
+    monkeypatch.setattr(figures, "log_figure", lambda writer, tag, drawn, png_dir: centers.update(
+        {tag.removeprefix("probe/"): drawn.get("center")}))
+    write_probe_figures(report, tmp_path, [])
+    assert centers == {"attention_accuracy": 0.5, "prediction_match": 0.5,
+                       "prediction_correlation": 0.0, "ablation_delta_mean_margin": 0.0,
+                       "ablation_delta_accuracy": 0.0, "deciding_attention": None,
+                       "deciding_attention_name_first_word": None,
+                       "deciding_attention_name_later": None}
+    effects = Patching(PatchingResult([PatchPair("a", [1, 2], [3, 2], (4, 5))], [],
+                                      np.array([1.0]), np.array([2.0]), np.array([[[[1.0, 1.5]]]]),
+                                      np.array([[[1.5]]]), "exact"), []).heatmaps()
+    assert effects["probe/patching_effect"].center == 0.0
 
 
 # ---- probe files --------------------------------------------------------------------------------

@@ -12,8 +12,8 @@ import pytest
 from helpers import save_run
 
 from tinylm.cli.generate import GenerateConfig, run_generate
+from tinylm.cli.loading import report_dir
 from tinylm.cli.probe import ProbeConfig, run_probe
-from tinylm.cli.report_dirs import report_dir
 
 AGREEMENT = Path(__file__).resolve().parent.parent / "data" / "probes" / "agreement.jsonl"
 

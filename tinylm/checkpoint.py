@@ -71,11 +71,7 @@ TRAINER_STATE_FILE = "trainer_state.pt"
 LOCK_FILE = ".lock"  # held by the process writing the run directory
 LOCK_PID_FILE = ".lock.pid"  # beside it (the lock file itself is truncated by each taker)
 TAGS = ("last", "best")
-# A run saving every step may supersede and remove the checkpoint being read: it is read again,
-# the newest, this many times at most
-READ_TRIES = 10
-# What model.safetensors' metadata records of its checkpoint (JSON values): the model's shape,
-# and the tokenizer's kind, vocab_size and sha256 (of tokenizer.json's bytes).
+READ_TRIES = 10  # a checkpoint superseded and removed while read is read again, the newest
 _STEP_DIR = re.compile(r"^step-\d+(-\d+)?$")
 
 log = logging.getLogger(__name__)
@@ -102,9 +98,7 @@ class Checkpoint:
 
 
 def _resolved(path: Path) -> Path:
-    """path.resolve(), refusing in one line a link that leads back to itself (a tag or step
-    directory linked to itself), where resolve raises RuntimeError("Symlink loop") or, from
-    Python 3.13, returns the loop."""
+    """path.resolve(), refusing in one line a link that loops back to itself."""
     try:
         path.stat()
     except OSError as err:
@@ -116,10 +110,7 @@ def _resolved(path: Path) -> Path:
 
 def tagged(checkpoints: Path, tag: str) -> Path | None:
     """The step directory that checkpoints/<tag> names, which may be missing; None: no such tag.
-
-    A tag is a file holding one line, a step directory's name; one naming anything but a step
-    directory beside it names nothing (a hand-edited `../elsewhere` is not followed).
-    """
+    A tag naming anything but a step directory beside it (`../elsewhere`) names nothing."""
     path = checkpoints / tag
     if path.is_symlink() or path.is_dir():  # an older run's link, or a checkpoint copied in
         return _resolved(path)  # its place (`cp -r` follows links)
@@ -131,9 +122,8 @@ def tagged(checkpoints: Path, tag: str) -> Path | None:
 
 
 def tagged_checkpoint(checkpoints: Path, tag: str) -> Path | None:
-    """The step directory that checkpoints/<tag> names, where it exists. A run being trained
-    moves the tag on before it removes the step the tag named: a missing step is looked up in
-    the tag again."""
+    """The step directory that checkpoints/<tag> names, where it exists. A run moves the tag on
+    before it removes the step the tag named: a missing step is looked up in the tag again."""
     for _ in range(READ_TRIES):
         named = tagged(checkpoints, tag)
         if named is None or named.is_dir():
@@ -159,33 +149,27 @@ def _remove_unreferenced(checkpoints: Path) -> None:
 
 @contextmanager
 def _step_lock(step: Path, shared: bool) -> Iterator[bool]:
-    """Inside, a lock on step directory `step` (flock, never waited for): True where it was
-    taken. A reader holds it shared, and a run being trained removes a superseded step only
-    where it can lock it alone, so no step is removed while it is read. True where directories
-    cannot be locked (Windows) or `step` is gone already (its reader meets that)."""
+    """Inside, a flock on `step` (shared for a reader), never waited for: True where taken, or
+    where directories cannot be locked (Windows) or `step` is gone (its reader meets that)."""
     try:
         fd = os.open(step, os.O_RDONLY) if fcntl else None
     except OSError:
         fd = None
     try:
-        held = fd is None or _flocked(fd, fcntl.LOCK_SH if shared else fcntl.LOCK_EX)
+        if fd is not None:
+            fcntl.flock(fd, (fcntl.LOCK_SH if shared else fcntl.LOCK_EX) | fcntl.LOCK_NB)
+        held = True
+    except BlockingIOError:
+        held = False
+    try:
         yield held
     finally:
         if fd is not None:
             os.close(fd)
 
 
-def _flocked(fd: int, how: int) -> bool:
-    try:
-        fcntl.flock(fd, how | fcntl.LOCK_NB)
-        return True
-    except BlockingIOError:
-        return False
-
-
 def _point_tags(checkpoints: Path, tags: tuple[str, ...], name: str) -> None:
-    """Point each tag at step directory `name`. Every tag file is written before any is renamed
-    onto its tag, so a full disk moves none of them."""
+    """Point each tag at `name`, all written before any is renamed: a full disk moves none."""
     with ExitStack() as renamed_on_exit:
         for tag in tags:
             tmp = renamed_on_exit.enter_context(replaced_atomically(checkpoints / tag))
@@ -194,10 +178,8 @@ def _point_tags(checkpoints: Path, tags: tuple[str, ...], name: str) -> None:
 
 @contextmanager
 def run_dir_lock(run_dir: str | Path) -> Iterator[None]:
-    """Hold `run_dir`'s lock while writing it: a second process is refused (RunDirInUse, naming
-    the holder's pid). The OS drops the lock when its holder dies, even by kill -9, so a crashed
-    run never blocks its resume; what the dead writer left half-written is removed here. A run
-    that ends in an error leaves no lock file where there was none (nor a run dir this made)."""
+    """Hold `run_dir`'s lock while writing it (RunDirInUse for a second process); the OS drops
+    a killed holder's lock, and what it left half-written is swept here."""
     run_dir = Path(run_dir)
     created = not run_dir.exists()
     with reported(run_dir):
@@ -241,7 +223,7 @@ def run_dir_lock(run_dir: str | Path) -> Iterator[None]:
 
 def _save_trainer_state(state: dict, file: Path) -> None:
     """torch.save, raising the disk's own OSError: torch's zip writer reports a full disk as a
-    RuntimeError ("unexpected pos ..."), which keeps the OSError only when writing a file object."""
+    RuntimeError, which keeps the OSError only when writing a file object."""
     with open(file, "wb") as f:
         try:
             torch.save(state, f)
@@ -251,12 +233,15 @@ def _save_trainer_state(state: dict, file: Path) -> None:
             raise
 
 
-def _non_finite(model: TinyLM) -> str | None:
-    """The name of the first weight of `model` holding NaN or inf, or None."""
-    for name, p in model.named_parameters():
-        if not torch.isfinite(p).all():
-            return name
-    return None
+def _refuse_non_finite(model: TinyLM, weights: Path | None = None) -> None:
+    """Raise NonFiniteWeights naming the first weight of `model` (from `weights`) not finite."""
+    bad = next((name for name, p in model.named_parameters() if not torch.isfinite(p).all()), None)
+    if bad and weights is None:
+        raise NonFiniteWeights(f"the weights are not finite ({bad} holds NaN or inf)")
+    if bad:
+        raise NonFiniteWeights(f"{weights} holds NaN or inf in {bad}: the model diverged or the "
+                               "file was altered; load an earlier checkpoint of the run, or "
+                               "download or export the model again")
 
 
 def _sha256(file: Path) -> str:
@@ -264,10 +249,9 @@ def _sha256(file: Path) -> str:
 
 
 def _records(model: TinyLM, tokenizer: Tokenizer, tokenizer_file: Path) -> dict[str, str]:
-    """model.safetensors' metadata: what loading checks model_config.json and tokenizer.json
-    against (a model_config.json with another n_head fits the same weights)."""
+    """model.safetensors' metadata, which loading checks model_config.json (another n_head fits
+    the same weights) and tokenizer.json against; a run may continue with another dropout."""
     kind = "char" if isinstance(tokenizer, CharTokenizer) else "bpe"
-    # the model's shape: a run may continue with another dropout
     shape = {k: v for k, v in model.config.to_dict().items() if k != "dropout"}
     return {MODEL_RECORD: json.dumps(shape),
             TOKENIZER_RECORD: json.dumps({"kind": kind, "vocab_size": tokenizer.vocab_size,
@@ -277,26 +261,19 @@ def _records(model: TinyLM, tokenizer: Tokenizer, tokenizer_file: Path) -> dict[
 def save_checkpoint(run_dir: str | Path, model: TinyLM, tokenizer: Tokenizer, run_config: dict,
                     step: int, trainer_state: dict | None = None,
                     tags: tuple[str, ...] = ("last",)) -> Path:
-    """Write a complete checkpoint for `step` and point each tag ("last", "best") at it.
-
-    Raises NotWritten naming the file, with nothing of this checkpoint left behind and the tags
-    as they were, when a file or a tag cannot be written (a full disk, whichever meets it)."""
-    bad = _non_finite(model)
-    if bad:  # a diverged model is never a checkpoint
-        raise NonFiniteWeights(f"the weights are not finite ({bad} holds NaN or inf)")
+    """Write a complete checkpoint for `step` and point each tag at it; a refused write raises
+    NotWritten naming the file, leaving nothing of this checkpoint and the tags as they were."""
+    _refuse_non_finite(model)
     checkpoints = Path(run_dir) / CHECKPOINTS_DIR
-
-    # A name no tag points at yet: saving the same step twice must not touch the first copy.
+    # a name no tag points at yet: saving the same step twice must not touch the first copy
     name, n = f"step-{step:07d}", 1
     while (checkpoints / name).exists():
         name, n = f"step-{step:07d}-{n}", n + 1
     final = checkpoints / name
-
     try:
         with published_atomically(final) as tmp:  # renamed onto `final` once complete
             def write(file: str, writer) -> None:
-                """Write tmp/<file>; a failure names final/<file>, where it was to be."""
-                with reported(final / file):
+                with reported(tmp / file):  # named final/<file> by published_atomically
                     writer(tmp / file)
 
             write(TOKENIZER_FILE, tokenizer.save)  # first: the weights record its sha256
@@ -320,10 +297,7 @@ def save_checkpoint(run_dir: str | Path, model: TinyLM, tokenizer: Tokenizer, ru
 
 def resolve_checkpoint_dir(path: str | Path, prefer: str = "best") -> Path:
     """The checkpoint directory meant by `path`: a run dir, its checkpoints/, one checkpoint, or
-    a tag (`checkpoints/best`).
-
-    Within a run, `prefer` ("best" or "last") is taken when it exists, else the other tag.
-    """
+    a tag (`checkpoints/best`); within a run, tag `prefer` where it exists, else the other."""
     path = Path(path)
     if not path.exists():
         _resolved(path)  # a link to itself does not "exist" either: say what it is
@@ -358,22 +332,10 @@ def resolve_checkpoint_dir(path: str | Path, prefer: str = "best") -> Path:
         f"{path / CHECKPOINTS_DIR}/best or {path / CHECKPOINTS_DIR}/last")
 
 
-def _refuse_non_finite(model: TinyLM, weights: Path) -> None:
-    """Raise NonFiniteWeights, naming the tensor, for weights loaded from `weights` that hold
-    NaN or inf: every sample and report of such a model would be garbage or a traceback."""
-    bad = _non_finite(model)
-    if bad:
-        raise NonFiniteWeights(f"{weights} holds NaN or inf in {bad}: the model diverged or the "
-                               "file was altered; load an earlier checkpoint of the run, or "
-                               "download or export the model again")
-
-
 def load_checkpoint(path: str | Path, device: str | torch.device = "cpu",
                     prefer: str = "best") -> Checkpoint:
-    """Rebuild model and tokenizer from a checkpoint (see resolve_checkpoint_dir for `path`), or
-    from a Hugging Face model: hf:<id> or its folder (tinylm/pretrained/). Of a run being
-    trained, the newest complete checkpoint: one superseded and removed while it was read is
-    read again, the newest, up to READ_TRIES times."""
+    """Rebuild model and tokenizer from a checkpoint (see resolve_checkpoint_dir) or hf:<id> or
+    its folder; one superseded and removed while it was read is read again, the newest."""
     if is_pretrained(path):
         model, tokenizer, directory = load_pretrained(path)
         _refuse_non_finite(model, directory / WEIGHTS_FILE)
@@ -397,9 +359,7 @@ def load_checkpoint(path: str | Path, device: str | torch.device = "cpu",
 def _read_checkpoint(directory: Path, device: str | torch.device) -> Checkpoint:
     """The checkpoint in step directory `directory`."""
     for name, what in ((WEIGHTS_FILE, "weights file"), (TOKENIZER_FILE, "tokenizer"),
-                       (TRAINER_STATE_FILE, None)):
-        # refused by name before anything is read: a FIFO waits for a writer forever, and a
-        # link to /dev/zero never ends
+                       (TRAINER_STATE_FILE, None)):  # a FIFO is refused before anything is read
         if not is_there_as_file(directory / name) and what:
             raise FileNotFoundError(f"checkpoint is missing its {what} {directory / name}")
     weights, tokenizer_file = directory / WEIGHTS_FILE, directory / TOKENIZER_FILE
@@ -415,7 +375,6 @@ def _read_checkpoint(directory: Path, device: str | torch.device) -> Checkpoint:
                          f"{saved.get('kind')} tokenizer of {saved.get('vocab_size')} tokens, "
                          f"sha256 {str(saved.get('sha256'))[:16]}...); put back the "
                          "tokenizer.json of the run that trained it")
-
     model = build(config)
     try:
         safetensors.torch.load_model(model, str(weights), strict=True)
@@ -424,17 +383,14 @@ def _read_checkpoint(directory: Path, device: str | torch.device) -> Checkpoint:
                          f"{directory / MODEL_CONFIG_FILE} describes (truncated or mismatched?):"
                          f" {err}") from err
     _refuse_non_finite(model, weights)
-
     state = directory / TRAINER_STATE_FILE
     model.to(device).eval()
-    run_config = read_run_config(directory / RUN_CONFIG_FILE)
-    return Checkpoint(directory, model, config, tokenizer, run_config,
-                      state if state.is_file() else None)
+    return Checkpoint(directory, model, config, tokenizer, read_run_config(
+        directory / RUN_CONFIG_FILE), state if state.is_file() else None)
 
 
 def default_logdir(checkpoint_dir: Path, kind: str = "inspect") -> Path:
-    """<run dir>/<kind>/<timestamp> for a checkpoint inside <run dir>/checkpoints/; for a
-    pretrained model, whose folder may be the hub's cache, runs/pretrained/<name>/<kind>/..."""
+    """<run dir>/<kind>/<timestamp>, or runs/pretrained/<name>/<kind>/<timestamp>."""
     stamp = time.strftime("%Y-%m-%d_%H-%M-%S")
     if is_pretrained(checkpoint_dir):
         return Path("runs") / "pretrained" / model_name(checkpoint_dir) / kind / stamp

@@ -1,9 +1,6 @@
-"""What a checkpoint's files say about the model, read without trusting them.
-
-model_config.json is checked against model.safetensors' header (names, shapes and the records
-save_checkpoint keeps in its metadata) before any memory is allocated, and config.yaml must be the
-mapping tinylm wrote; anything else is refused in one line naming the file. tinylm/checkpoint.py
-loads through these.
+"""What a checkpoint's files say about the model, read without trusting them: model_config.json is
+checked against model.safetensors' header before any memory is allocated, config.yaml must be the
+mapping tinylm wrote; anything else is refused in one line naming the file.
 """
 
 from __future__ import annotations
@@ -27,7 +24,7 @@ MAX_CONFIG_BYTES = 2**20  # model_config.json and config.yaml are a few KB
 
 def recorded(records: dict[str, str], key: str, weights: Path) -> dict:
     """One of the records save_checkpoint keeps in the weights' metadata; {} in a checkpoint
-    written before there were any (it loads, with the checks that do without)."""
+    written before there were any."""
     try:
         value = json.loads(records.get(key, "{}"))
     except json.JSONDecodeError:
@@ -61,14 +58,12 @@ def read_model_config(file: Path, weights: Path) -> tuple[ModelConfig, dict[str,
     except (SafetensorError, OSError) as err:
         raise ValueError(f"{weights} is not a safetensors file (truncated or corrupt?): "
                          f"{str(err).splitlines()[0]}") from None
-    # Building even a shapes-only model costs time per layer (10^9 layers never return): the
-    # layer count must be the one the weights hold (blocks.<i>.*) before one is built.
+    # even a shapes-only model costs time per layer (10^9 never return): count them first
     layers = len({k.split(".")[1] for k in shapes if k.startswith("blocks.")})
     if config.n_layer != layers:
         raise ValueError(f"{file} says n_layer={config.n_layer} but {weights} holds the weights "
                          f"of n_layer={layers}: they are not one checkpoint; set n_layer back")
-    # The model the config describes, on the meta device: shapes only, no memory. An absurd
-    # config (n_embd: 400000000) then cannot ask for terabytes: it must match the weights file.
+    # on the meta device, shapes only: an absurd n_embd cannot ask for terabytes
     with torch.device("meta"):
         wanted = sum(p.numel() for p in build(config).parameters())
     stored = sum(math.prod(shape) for shape in shapes.values())
@@ -87,8 +82,7 @@ def read_model_config(file: Path, weights: Path) -> tuple[ModelConfig, dict[str,
 
 
 def yaml_in(source: Path | bytes) -> object:
-    """The YAML in `source` (bytes, or a file its caller has checked), parsed; ValueError saying
-    in one line why where it is not YAML."""
+    """The YAML in `source` (bytes, or a checked file), parsed; ValueError in one line if not."""
     try:
         text = source.decode("utf-8") if isinstance(source, bytes) else \
             source.read_text(encoding="utf-8")
@@ -104,8 +98,8 @@ def yaml_in(source: Path | bytes) -> object:
 
 
 def read_run_config(file: Path) -> dict:
-    """A checkpoint's config.yaml ({} where there is none), refused in one line naming it
-    where it is not YAML holding a mapping, as save_checkpoint wrote it."""
+    """A checkpoint's config.yaml ({} where there is none), refused in one line naming it where
+    it is not the mapping save_checkpoint wrote."""
     try:
         raw = read_regular_file(file, MAX_CONFIG_BYTES, "the checkpoint's run config")
     except FileNotFoundError:

@@ -1,13 +1,10 @@
-"""The checks every config value meets, and the error they raise.
-
-Each config dataclass names each field's rule once, in its __post_init__ (rules across fields
-follow), and check() holds every other bool, int and float field to its type, so that one built
-from Python is checked as one built from the command line:
+"""The checks every config value meets. Each config dataclass names each field's rule once, in its
+__post_init__, and check() holds every other bool, int and float field to its type:
 
     check(self, "model", n_layer=at_least(1), dropout=within(0, 1, high_open=True))
 
-Each raises ConfigError with one line: `<key>=<value> is not allowed: <rule>`. `null`, where a
-rule takes it, says what None means and allows it.
+Each raises ConfigError in one line: `<key>=<value> is not allowed: <rule>`. `null`, where a rule
+takes it, says what None means and allows it.
 """
 
 from __future__ import annotations
@@ -26,12 +23,8 @@ class ConfigError(ValueError):
 
 
 def to_dataclass(cls: type[T], node: Mapping[str, Any] | None, prefix: str) -> T:
-    """Build dataclass `cls` from the plain mapping found at key `prefix` of a config.
-
-    Unknown keys are refused with one line naming them and the allowed keys (a stored or
-    hand-written config; on the command line OmegaConf refuses them first); the dataclass's own
-    __post_init__ checks the values.
-    """
+    """Build dataclass `cls` from the mapping at key `prefix` of a config, refusing unknown keys
+    (of a stored or hand-written config) in one line; its __post_init__ checks the values."""
     values = dict(node or {})
     allowed = [f.name for f in dataclasses.fields(cls)]
     unknown = sorted(set(values) - set(allowed))
@@ -39,9 +32,6 @@ def to_dataclass(cls: type[T], node: Mapping[str, Any] | None, prefix: str) -> T
         raise ConfigError(f"unknown config key {', '.join(f'{prefix}.{k}' for k in unknown)}; "
                           f"allowed under {prefix}: {', '.join(allowed)}")
     return cls(**values)
-
-
-# ------------------------------------------------------------------------------ validators
 
 
 def bad(key: str, value: Any, rule: str) -> ConfigError:
@@ -99,8 +89,6 @@ def flag(key: str, value: Any) -> None:
     if not isinstance(value, bool):
         raise bad(key, value, "must be true or false")
 
-
-# ------------------------------------------------------------------ one config's rules
 
 Rule = Callable[[str, Any], None]  # refuses `value` of `key` with a ConfigError
 

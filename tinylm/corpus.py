@@ -1,7 +1,5 @@
-"""Reading a corpus as rows of text, and dividing the rows into training and validation.
-
-A corpus is local UTF-8 files (the embedded corpora, or yours) or a Hugging Face hub dataset,
-streamed either way, so no corpus is held whole; tinylm.data's prepare_data writes the planned rows.
+"""Reading a corpus (local UTF-8 files or a Hugging Face hub dataset, streamed either way) as rows
+of text, and dividing the rows into training and validation; tinylm.data writes the planned rows.
 
     root, why = data_root(None)                         # the embedded corpora (data/corpora/)
     files = resolve_files(root, ["tinystories/*.txt"], "tinystories", why)
@@ -39,9 +37,8 @@ OFFLINE_CHOICES = ("offline, train on the embedded TinyStories sample (data=tiny
                    "'data.files=[notes/*.txt]')")
 READ_CHUNK = 8 << 20  # characters read from a local file at a time
 # A line holding only this ends a document (sample_by=document), as it ends each story in the raw
-# TinyStories files; the same text as tinylm.tokenizer.EOT, whose id joins documents.
-DOCUMENT_END = "<|endoftext|>"
-DOCUMENT_END_LINE = re.compile(rf"^[ \t]*{re.escape(DOCUMENT_END)}[ \t]*$", re.MULTILINE)
+# TinyStories files (tinylm.tokenizer.EOT, whose id joins documents)
+DOCUMENT_END_LINE = re.compile(r"^[ \t]*<\|endoftext\|>[ \t]*$", re.MULTILINE)
 # what switches datasets off the hub, in the order datasets lets them decide
 OFFLINE_SWITCHES = ("HF_DATASETS_OFFLINE", "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")
 
@@ -58,10 +55,8 @@ def embedded_dir() -> Path:
 
 
 def data_root(configured: str | None) -> tuple[Path, str]:
-    """(folder that relative data.files are read from, why that one).
-
-    data.data_root wins, then $TINYLM_DATA_ROOT, then the embedded corpora.
-    """
+    """(folder relative data.files are read from, why): data.data_root, else $TINYLM_DATA_ROOT,
+    else the embedded corpora."""
     if configured is not None:
         root, why = Path(configured), "data.data_root"
     elif os.environ.get(DATA_ROOT_ENV):
@@ -71,24 +66,19 @@ def data_root(configured: str | None) -> tuple[Path, str]:
     return root.expanduser().resolve(), why
 
 
-def _match(path: Path, pattern: str) -> list[Path]:
-    """Files `path` (`pattern` placed under the root) names; sorted for globs."""
-    if any(ch in pattern for ch in "*?["):
-        anchor = Path(path.anchor)
-        return sorted(p for p in anchor.glob(str(path.relative_to(anchor))) if p.is_file())
-    return [path] if path.is_file() else []
-
-
 def resolve_files(root: Path, patterns: list[str], corpus: str, why: str) -> list[Path]:
     """The files `patterns` name under `root`, each once; FileNotFoundError if one matches none."""
     files, missing = [], []
     for pattern in patterns:
         path = root / Path(pattern).expanduser()  # an absolute pattern ignores root
         if path.is_dir():
-            example = f"{pattern.rstrip('/')}/*.txt"
             raise ValueError(f"data.files: {pattern} is a directory ({root / pattern}); name "
-                             f"the files in it, e.g. 'data.files=[{example}]'")
-        matches = _match(path, pattern)
+                             f"the files in it, e.g. 'data.files=[{pattern.rstrip('/')}/*.txt]'")
+        if any(ch in pattern for ch in "*?["):
+            anchor = Path(path.anchor)
+            matches = sorted(p for p in anchor.glob(str(path.relative_to(anchor))) if p.is_file())
+        else:
+            matches = [path] if path.is_file() else []
         if not matches:
             missing.append(pattern)
         files += [m for m in matches if m not in files]  # a file named twice is read once
@@ -103,8 +93,7 @@ def resolve_files(root: Path, patterns: list[str], corpus: str, why: str) -> lis
 
 
 def check_embedded(root: Path, inputs: list[dict]) -> None:
-    """Refuse an embedded corpus file whose SHA-256 (scan_file's) differs from SHA256SUMS, in
-    one line; files read from elsewhere than the embedded corpora are not checked."""
+    """Refuse an embedded corpus file whose SHA-256 (scan_file's) differs from SHA256SUMS."""
     if root != embedded_dir().resolve():
         return
     sums = {}
@@ -120,8 +109,7 @@ def check_embedded(root: Path, inputs: list[dict]) -> None:
 
 @contextmanager
 def reading(path: Path) -> Iterator[None]:
-    """Name a corpus file the system cannot read (a failing disk, no permission) in one line, as
-    bad input: an OSError here is no write that a disk refused."""
+    """Name an unreadable corpus file in one line, as bad input (not a write the disk refused)."""
     try:
         yield
     except OSError as err:
@@ -129,8 +117,7 @@ def reading(path: Path) -> Iterator[None]:
 
 
 def scan_file(path: Path, strict_utf8: bool, log: Callable[[str], None]) -> dict:
-    """Size and SHA-256 of a corpus file; refuses empty files and (if strict) invalid UTF-8,
-    else reports it through `log`."""
+    """Size and SHA-256 of a corpus file, refusing an empty one and (if strict) bad UTF-8."""
     digest = hashlib.sha256()
     decoder = codecs.getincrementaldecoder("utf-8")()
     consumed = newlines = 0  # bytes and line breaks before the current chunk
@@ -169,13 +156,9 @@ def scan_file(path: Path, strict_utf8: bool, log: Callable[[str], None]) -> dict
 
 
 def read_rows(path: Path, sample_by: str, errors: str = "strict") -> Iterator[str]:
-    """The rows of a UTF-8 text file, read a chunk at a time: its lines (without the line
-    break), its paragraphs (non-empty pieces between blank lines) or its documents (the whole
-    file, or the texts between lines that hold only <|endoftext|>, without the line breaks
-    around them).
-
-    The same rows as datasets' "text" loader: newlines are universal ("\\r\\n" reads as "\\n").
-    """
+    """The rows of a UTF-8 text file, read a chunk at a time: its lines, its paragraphs
+    (non-empty pieces between blank lines) or its documents (see _documents); newlines are
+    universal, as in datasets' "text" loader."""
     with reading(path), open(path, encoding="utf-8", errors=errors) as f:
         if sample_by == "document":
             yield from _documents(f)
@@ -194,8 +177,8 @@ def read_rows(path: Path, sample_by: str, errors: str = "strict") -> Iterator[st
 
 
 def _documents(f: TextIO) -> Iterator[str]:
-    """The documents of an open text file: the texts between DOCUMENT_END lines (each without the
-    line breaks around it; an empty one is skipped), or the whole file when it has none."""
+    """The texts between lines holding only <|endoftext|> (without the line breaks around them;
+    an empty one is skipped), or the whole file when it has none."""
     carry, marked = [], False  # the pieces of the document that may go on in the next chunk
     while chunk := f.read(READ_CHUNK):
         chunk += f.readline()  # chunks start and end at line breaks: a mark is never cut
@@ -215,8 +198,8 @@ def _documents(f: TextIO) -> Iterator[str]:
 # ----------------------------------------------------------------------------------- the hub
 
 def check_hub_reachable() -> None:
-    """Raise HubError at once when the hub is switched off or unreachable, instead of
-    huggingface_hub's half a minute of retries (behind a proxy only the switches are checked)."""
+    """Raise HubError at once where the hub is switched off or unreachable, not after half a
+    minute of retries (behind a proxy only the switches are checked)."""
     from datasets import config  # here: its import takes a second, and only a hub corpus needs it
 
     if config.HF_HUB_OFFLINE:  # datasets' reading of the switches (huggingface_hub's constants)
@@ -238,7 +221,6 @@ def hub_rows(hub_id: str, split: str, limit: int | None = None) -> Iterator[str]
     """The "text" of each row of a hub dataset's split, streamed (first `limit` rows if given)."""
     import datasets  # here, not at the top: it takes seconds, and only a hub corpus needs it
 
-    where = f"{hub_id!r} (split {split!r}) from the Hugging Face hub"
     try:
         stream = datasets.load_dataset(hub_id, split=split, streaming=True)
         if limit:
@@ -252,17 +234,15 @@ def hub_rows(hub_id: str, split: str, limit: int | None = None) -> Iterator[str]
         raise
     except Exception as err:  # offline, unknown id, connection lost mid-stream: one line
         first_line = (str(err).strip().splitlines() or [type(err).__name__])[0]
-        raise HubError(f"could not read {where}: {first_line}; {OFFLINE_CHOICES}") from err
+        raise HubError(f"could not read {hub_id!r} (split {split!r}) from the Hugging Face hub: "
+                       f"{first_line}; {OFFLINE_CHOICES}") from err
 
 
 # ------------------------------------------------------------------------------ the split plan
 
 @dataclass
 class SplitPlan:
-    """How a corpus divides into training and validation rows, decided before any is written.
-
-    `rows()` streams the corpus afresh on each call as ("train" | "val", text) in corpus order.
-    """
+    """A corpus's split into training and validation rows; rows() streams it afresh each call."""
 
     rows: Callable[[], Iterator[tuple[str, str]]]
     describe: Callable[[dict[str, int]], str]  # rows per split -> e.g. "last 511 of ... held out"
@@ -274,12 +254,9 @@ def plural(n: int, unit: str) -> str:
 
 
 def plan_local_split(cfg: DataConfig, files: list[Path]) -> SplitPlan:
-    """A deterministic hold-out of cfg.val_fraction of local files (one counting pass first).
-
-    tail: the last val_fraction of the characters, cut at a row boundary; a single row (one
-    document, e.g. Tiny Shakespeare) is cut inside at int(n * (1 - val_fraction)) characters,
-    exactly as nanoGPT does. documents: a seeded random val_fraction of the documents.
-    """
+    """A deterministic hold-out of val_fraction of local files, after one counting pass. tail:
+    the last characters, cut at a row boundary (a single row, Tiny Shakespeare, inside it as
+    nanoGPT does); documents: a seeded random share of the documents."""
     def corpus_rows() -> Iterator[str]:
         for path in files:
             yield from read_rows(path, cfg.sample_by, cfg.on_decode_error)  # strict | replace
@@ -340,24 +317,21 @@ def plan_hub_split(cfg: DataConfig) -> SplitPlan:
             yield from (("val", row) for row in hub_rows(cfg.hub_id, cfg.hub_val_split,
                                                           val_limit))
 
-        return SplitPlan(official, lambda counts: f"the hub's {cfg.hub_split!r} split trains "
-                                                  f"({counts['train']:,} documents), its "
-                                                  f"{cfg.hub_val_split!r} split validates "
-                                                  f"({counts['val']:,})")
+        return SplitPlan(official, lambda n: f"the hub's {cfg.hub_split!r} split trains "
+                         f"({n['train']:,} documents), its {cfg.hub_val_split!r} split validates "
+                         f"({n['val']:,})")
 
     def seeded() -> Iterator[tuple[str, str]]:
         draws = np.random.default_rng(cfg.split_seed)
         for row in hub_rows(cfg.hub_id, cfg.hub_split, cfg.max_documents):
             yield ("val" if draws.random() < cfg.val_fraction else "train"), row
 
-    return SplitPlan(seeded, lambda counts: f"{counts['val']:,} of "
-                                            f"{counts['train'] + counts['val']:,} documents held "
-                                            f"out at random (data.split_seed={cfg.split_seed})")
+    return SplitPlan(seeded, lambda n: f"{n['val']:,} of {n['train'] + n['val']:,} documents "
+                     f"held out at random (data.split_seed={cfg.split_seed})")
 
 
 def training_texts(plan: SplitPlan, max_bytes: int) -> Iterator[str]:
-    """The training rows from the start of the corpus, at most `max_bytes` of UTF-8 in all
-    (the row that crosses the limit is cut there)."""
+    """The training rows from the start of the corpus, cut at `max_bytes` of UTF-8 in all."""
     left = max_bytes
     for split, row in plan.rows():
         if split != "train":

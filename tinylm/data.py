@@ -5,10 +5,8 @@
     x, y = sampler.next_batch("cpu")                    # (B, T) int64; y is x shifted by one
 
 prepare_data streams the corpus (tinylm/corpus.py) into <cache_dir>/<corpus>-<tokenizer>/
-{train.bin, val.bin, tokenizer.json, meta.json} (data/README.md). meta.json's fingerprint of the
-inputs and settings lets a later run reuse the directory. A build is published whole or not at all
-(tinylm.files): a full disk leaves the previous cache as it was; the next prepare sweeps what a
-killed one left.
+{train.bin, val.bin, tokenizer.json, meta.json}, published whole or not at all; meta.json's
+fingerprint of the inputs and settings lets a later run reuse it.
 """
 
 from __future__ import annotations
@@ -46,6 +44,7 @@ from tinylm.files import (
     nearest_folder,
     not_written,
     published_atomically,
+    read_regular_file,
     sweep_leftovers,
 )
 from tinylm.tokenizer import EOT, Tokenizer, TokenizerConfig, load_tokenizer, train_tokenizer
@@ -58,8 +57,8 @@ FORMAT_VERSION = 2
 ROW_JOINER = {"line": "\n", "paragraph": "\n\n", "document": EOT}
 ENCODE_CHUNK = 1 << 20  # characters of rows encoded together (tokenizers spreads them on cores)
 LISTED_FILES = 3  # the corpus line names this many local files, then counts the rest
-# below this many training tokens per BPE id, prepare warns that the vocabulary is too large;
-# the default run (221,521 tokens for 4,096 ids: 54 per id) reaches val perplexity 33
+# below this many training tokens per BPE id, prepare warns that the vocabulary is too large
+# (the default run has 54 per id and reaches val perplexity 33; 80 KB with 4,096 ids: ~440)
 TOKENS_PER_ENTRY = 20
 MIN_SUGGESTED_VOCAB = 512  # a smaller BPE is barely more than its 256 bytes: char is the advice
 
@@ -118,7 +117,6 @@ class DataConfig:
 
     @property
     def row_unit(self) -> str:
-        """What one row of the corpus is: line, paragraph or document."""
         return "document" if self.source == "hub" else self.sample_by
 
     @property
@@ -150,8 +148,7 @@ class IdWriter:
     """Appends one split's rows to its .bin file as ids, the joiner's ids between two rows."""
 
     def __init__(self, file: BinaryIO, tokenizer: Tokenizer, joiner: str):
-        self.file = file
-        self.tokenizer, self.dtype = tokenizer, bin_dtype(tokenizer.vocab_size)
+        self.file, self.tokenizer, self.dtype = file, tokenizer, bin_dtype(tokenizer.vocab_size)
         self.joiner_ids = np.array(tokenizer.encode(joiner), dtype=self.dtype)
         self.pending: list[str] = []
         self.pending_chars = self.rows = self.tokens = 0
@@ -190,14 +187,13 @@ def write_ids(plan: SplitPlan, tokenizer: Tokenizer, joiner: str, directory: Pat
 
 
 def open_cache(directory: Path, expected: str) -> tuple[PreparedData | None, str | None]:
-    """(the prepared data in `directory`, None) if it holds the fingerprint `expected` and is
-    complete (the .bin sizes agree with meta.json's counts), else (None, why or None)."""
+    """(prepared data, None) if `directory` is complete with fingerprint `expected`, else why."""
     if not directory.is_dir():
         return None, None
     meta_path = directory / "meta.json"
-    try:
-        meta = json.loads(meta_path.read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError) as err:
+    try:  # the inputs listed make it MBs at most
+        meta = json.loads(read_regular_file(meta_path, 1 << 26, "the cache's meta.json"))
+    except (OSError, ValueError) as err:
         return None, f"{meta_path} is missing or unreadable ({err.__class__.__name__})"
     if meta.get("fingerprint") != expected:
         return None, "inputs or settings changed since it was written"
@@ -238,14 +234,11 @@ def listing(root: Path, files: list[Path], inputs: list[dict]) -> str:
 
 
 def warn_if_small(meta: dict, log: Callable[[str], None]) -> None:
-    """Log one warning when a BPE vocabulary is large for the training text: under
-    TOKENS_PER_ENTRY training tokens per id, most ids occur a handful of times and their
-    embeddings barely learn (an 80 KB corpus with 4,096 ids reaches val perplexity ~440)."""
+    """Warn when a BPE vocabulary is too large for the training text to teach its embeddings."""
     tokens, vocab = meta["train_tokens"], meta["vocab_size"]
     if meta["tokenizer"] != "bpe" or tokens >= TOKENS_PER_ENTRY * vocab:
         return
-    # the largest vocabulary with enough tokens per id, as a power of two; a smaller one cuts
-    # the text into more tokens, so this size is on the safe side
+    # the largest power of two with enough tokens per id (a smaller one cuts the text into more)
     fits = tokens // TOKENS_PER_ENTRY
     suggested = 1 << (fits.bit_length() - 1) if fits else 0
     advice = "tokenizer=char"
@@ -257,8 +250,8 @@ def warn_if_small(meta: dict, log: Callable[[str], None]) -> None:
 
 
 def fingerprint(data_cfg: DataConfig, tok_cfg: TokenizerConfig, inputs: list[dict]) -> str:
-    """SHA-256 of everything the prepared files depend on: input contents and all settings, but
-    not where files live (data_root, cache_dir, paths): moving the corpus changes no token."""
+    """SHA-256 of the inputs' contents and all settings, but not of where files live: moving the
+    corpus changes no token."""
     settings = dataclasses.asdict(data_cfg)
     for where in ("data_root", "cache_dir"):
         settings.pop(where)
@@ -296,11 +289,11 @@ def prepare_data(data_cfg: DataConfig, tok_cfg: TokenizerConfig, *, force: bool 
     if not force:
         cached, why_not = open_cache(directory, key)
         if cached is not None:
-            m = cached.meta
+            meta = cached.meta
             log(f"Reusing {directory}/ (same inputs and settings, fingerprint {key[:12]}): "
-                f"train {m['train_tokens']:,} tokens, val {m['val_tokens']:,} tokens, "
-                f"vocab_size {m['vocab_size']:,} ({time.perf_counter() - start:.1f} s)")
-            warn_if_small(m, log)
+                f"train {meta['train_tokens']:,} tokens, val {meta['val_tokens']:,} tokens, "
+                f"vocab_size {meta['vocab_size']:,} ({time.perf_counter() - start:.1f} s)")
+            warn_if_small(meta, log)
             return cached
         if why_not:
             log(f"Rebuilding {directory}/: {why_not}")
@@ -348,65 +341,44 @@ def prepare_data(data_cfg: DataConfig, tok_cfg: TokenizerConfig, *, force: bool 
     except NotWritten as err:  # name the cache, not a file in the hidden build folder
         raise not_written(directory, err.__cause__) from err
 
-    m, dtype, unit = meta, meta["dtype"], data_cfg.row_unit
-    log(f"Wrote {directory}/ in {time.perf_counter() - start:.1f} s:\n"
-        f"  train.bin       {m['train_tokens']:>12,} tokens ({dtype}, "
-        f"{plural(m['train_rows'], unit)})\n"
-        f"  val.bin         {m['val_tokens']:>12,} tokens ({dtype}, "
-        f"{plural(m['val_rows'], unit)})\n"
-        f"  tokenizer.json  {m['tokenizer']}, vocab_size {m['vocab_size']:,} "
-        f"({EOT} = id {m['eot_id']})\n"
-        f"  meta.json       fingerprint {key[:12]}")
+    bins = "".join(f"  {split + '.bin':16}{meta[f'{split}_tokens']:>12,} tokens ({meta['dtype']}, "
+                   f"{plural(meta[f'{split}_rows'], data_cfg.row_unit)})\n"
+                   for split in ("train", "val"))
+    log(f"Wrote {directory}/ in {time.perf_counter() - start:.1f} s:\n{bins}"
+        f"  tokenizer.json  {meta['tokenizer']}, vocab_size {meta['vocab_size']:,} "
+        f"({EOT} = id {meta['eot_id']})\n  meta.json       fingerprint {key[:12]}")
     warn_if_small(meta, log)
     return PreparedData(directory, directory / "train.bin", directory / "val.bin", meta, tokenizer)
 
 
 # ------------------------------------------------------------------------------ batch sampling
 
-def _require_window(n_tokens: int, block_size: int, what: str,
-                    advice: str = "use a longer corpus or a smaller model.block_size") -> None:
-    if n_tokens < block_size + 1:
-        raise ValueError(f"{what} holds {n_tokens:,} tokens, fewer than one training window of "
-                         f"model.block_size + 1 = {block_size + 1}; {advice}")
-
-
 def check_enough_tokens(prepared: PreparedData, block_size: int) -> None:
     """Raise ValueError unless train and val both hold at least one window of block_size + 1."""
     n_train, n_val = (prepared.meta[f"{split}_tokens"] for split in ("train", "val"))
     fits = min(n_train, n_val) - 1  # the largest block_size both splits hold a window of
     smaller = f"model.block_size={fits}" if fits >= 1 else "a smaller model.block_size"
-    _require_window(n_train, block_size, f"{prepared.directory / 'train.bin'}",
-                    f"use a longer corpus or {smaller}")
     # more validation text takes it from training, so the advice for val names both sides
-    _require_window(n_val, block_size, f"{prepared.directory / 'val.bin'}",
-                    f"use {smaller}, a longer corpus, or a larger data.val_fraction (now the "
-                    f"training split holds {n_train:,} tokens)")
+    advice = {"train": f"use a longer corpus or {smaller}",
+              "val": f"use {smaller}, a longer corpus, or a larger data.val_fraction (now the "
+                     f"training split holds {n_train:,} tokens)"}
+    for split, n in (("train", n_train), ("val", n_val)):
+        if n < block_size + 1:
+            raise ValueError(f"{prepared.directory / f'{split}.bin'} holds {n:,} tokens, fewer "
+                             f"than one training window of model.block_size + 1 = "
+                             f"{block_size + 1}; {advice[split]}")
 
 
 class BatchSampler:
-    """Random windows of block_size + 1 tokens from a .bin file, reproducible and resumable.
-
-    The random stream is this sampler's own seeded torch.Generator, so state_dict() resumes it
-    bit-exactly. Under DDP every rank draws the same world_size * batch_size starts and keeps its
-    own slice: together the global batch a single process would draw.
-    """
+    """Random windows of block_size + 1 tokens from a prepared .bin file, reproducible and
+    resumable (state_dict). Under DDP every rank draws the same world_size * batch_size starts
+    and keeps its own slice: together the global batch a single process would draw."""
 
     def __init__(self, path: str | Path, block_size: int, batch_size: int, seed: int,
-                 rank: int = 0, world_size: int = 1, dtype: str | None = None):
+                 rank: int = 0, world_size: int = 1):
         self.path = Path(path)
-        if not self.path.is_file():
-            raise FileNotFoundError(f"token file {self.path} does not exist; run tinylm-prepare")
-        if not 0 <= rank < world_size:
-            raise ValueError(f"rank={rank} is not allowed with world_size={world_size}")
-        if dtype is None:  # prepare_data records it beside the ids
-            meta_path = self.path.parent / "meta.json"
-            if not meta_path.is_file():
-                raise FileNotFoundError(f"{meta_path} (which says the dtype of {self.path.name}) "
-                                        "does not exist; pass dtype= or run tinylm-prepare")
-            dtype = json.loads(meta_path.read_text(encoding="utf-8"))["dtype"]
-        # A read-only memory map: only the windows drawn are read from disk.
-        self.data = np.memmap(self.path, dtype=dtype, mode="r")
-        _require_window(len(self.data), block_size, str(self.path))
+        dtype = json.loads((self.path.parent / "meta.json").read_text(encoding="utf-8"))["dtype"]
+        self.data = np.memmap(self.path, dtype=dtype, mode="r")  # only the windows drawn are read
         self.block_size, self.batch_size = block_size, batch_size
         self.seed, self.rank, self.world_size = seed, rank, world_size
         self.generator = torch.Generator().manual_seed(seed)
@@ -427,7 +399,6 @@ class BatchSampler:
         return x.to(device, non_blocking=True), y.to(device, non_blocking=True)
 
     def state_dict(self) -> dict:
-        """Everything needed to continue the same stream of batches (tensors and primitives)."""
         return {"seed": self.seed, "block_size": self.block_size, "batch_size": self.batch_size,
                 "rank": self.rank, "world_size": self.world_size,
                 "batches_drawn": self.batches_drawn, "generator": self.generator.get_state()}

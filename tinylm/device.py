@@ -1,13 +1,7 @@
-"""Where a command computes: the device (CUDA when present, the CPU everywhere else) and, on the
-CPU, how many intra-op threads torch uses (a number, or `auto`, fitted to the machine as it is).
-
-A parallel region waits for its slowest thread, so `auto` takes the usable cores (this process's
-affinity) that other work leaves idle, at least 1; torchrun's processes on one machine split them.
-
-    device = resolve_device("auto")          # cuda if available, else cpu
-    sample = start_sample()                  # when a command starts; its start-up is watched
-    choice = apply_threads("auto", sample)   # ThreadChoice(2, "auto: ..."), given to torch
-"""
+"""Where a command computes: the device (CUDA when present, else the CPU) and, on the CPU, how
+many intra-op threads torch uses: a number, or `auto`, the usable cores (this process's affinity)
+that other work leaves idle, at least 1, since a parallel region waits for its slowest thread.
+torchrun's processes on one machine split the cores."""
 
 from __future__ import annotations
 
@@ -39,8 +33,8 @@ def resolve_device(name: str = "auto") -> torch.device:
 
 
 def has_fast_bf16(device: torch.device) -> bool:
-    """Whether `device` multiplies bf16 matrices in hardware: CUDA GPUs that support bf16, CPUs
-    with AVX512-BF16 or AMX. Elsewhere PyTorch emulates bf16, many times slower than fp32."""
+    """Whether `device` multiplies bf16 in hardware (CUDA with bf16, CPUs with AVX512-BF16 or
+    AMX); elsewhere PyTorch emulates bf16, many times slower than fp32."""
     if device.type == "cuda":
         return torch.cuda.is_bf16_supported()
     if device.type == "cpu":
@@ -64,8 +58,7 @@ class ThreadChoice:
         return f"{self.threads} thread{'s' if self.threads != 1 else ''} ({self.reason})"
 
     def suffix_on(self, device) -> str:
-        """", 2 threads (why)" after the device in a start-up line; nothing off the CPU, where
-        torch's threads do not compute."""
+        """", 2 threads (why)" after the device in a start-up line; nothing off the CPU."""
         return f", {self.describe()}" if device.type == "cpu" else ""
 
 
@@ -76,8 +69,7 @@ def check_threads_setting(key: str, value) -> None:
 
 
 def usable_cpus() -> list[int]:
-    """The logical CPUs this process may run on (all of them where psutil has no affinity call,
-    as on macOS)."""
+    """The logical CPUs this process may run on (all where psutil has no affinity call: macOS)."""
     process = psutil.Process()
     if hasattr(process, "cpu_affinity"):
         return sorted(process.cpu_affinity())
@@ -86,7 +78,7 @@ def usable_cpus() -> list[int]:
 
 @dataclass(frozen=True)
 class CpuSample:
-    """Busy time of some CPUs and of this process at one moment (psutil's per-CPU times)."""
+    """Busy time of some CPUs and of this process at one moment."""
 
     wall: float
     busy: float  # seconds the CPUs spent running anything
@@ -97,16 +89,12 @@ class CpuSample:
 NOT_BUSY = ("idle", "iowait", "guest", "guest_nice")
 
 
-def busy_seconds(cpu_times) -> float:
-    """Seconds one CPU has run anything, from its psutil.cpu_times() (fields differ by OS)."""
-    return sum(seconds for name, seconds in cpu_times._asdict().items() if name not in NOT_BUSY)
-
-
 def sample_cpus(cpus: list[int]) -> CpuSample | None:
     """Busy seconds of `cpus` so far; None where the per-CPU times cannot be read."""
     try:
-        per_cpu = psutil.cpu_times(percpu=True)
-        busy = sum(busy_seconds(per_cpu[i]) for i in cpus)
+        per_cpu = psutil.cpu_times(percpu=True)  # its fields differ by OS
+        busy = sum(seconds for i in cpus for name, seconds in per_cpu[i]._asdict().items()
+                   if name not in NOT_BUSY)
     except (OSError, IndexError):  # no /proc/stat in a sandbox; an offline CPU shifts the list
         return None
     times = os.times()
@@ -114,14 +102,14 @@ def sample_cpus(cpus: list[int]) -> CpuSample | None:
 
 
 def start_sample() -> CpuSample | None:
-    """A sample of the usable cores now, for choose_threads to compare with later: the caller's
-    own work meanwhile (a start-up, a stretch of training) doubles as the time they are watched."""
+    """The usable cores now, for choose_threads to compare with later: the caller's own work
+    meanwhile (a start-up, a stretch of training) doubles as the time they are watched."""
     return sample_cpus(usable_cpus())
 
 
 def busy_cpus(cpus: list[int], since: CpuSample | None = None) -> tuple[float, str] | None:
-    """How many of `cpus` other programs kept busy since `since` (or over a short wait): their
-    busy time less this process's own, and how that was found; None: unknown."""
+    """How many of `cpus` other programs kept busy since `since` (or over a short wait), and
+    how that was found; None: unknown."""
     start = since or sample_cpus(cpus)
     if start is None:
         return None
@@ -133,8 +121,8 @@ def busy_cpus(cpus: list[int], since: CpuSample | None = None) -> tuple[float, s
 
 
 def choose_threads(setting: int | str, since: CpuSample | None = None) -> ThreadChoice:
-    """The thread count for `setting`: a number as it is; `auto` this process's share of its
-    usable cores, less those that other programs keep busy, and at least 1."""
+    """A number as it is; `auto` this process's share of its usable cores, less those other
+    programs keep busy, at least 1."""
     if setting != "auto":
         return ThreadChoice(int(setting), "set")
     cpus = usable_cpus()
@@ -154,7 +142,7 @@ def choose_threads(setting: int | str, since: CpuSample | None = None) -> Thread
 
 
 def apply_threads(setting: int | str, since: CpuSample | None = None) -> ThreadChoice:
-    """Choose the intra-op thread count for `setting` (choose_threads) and give it to torch."""
+    """choose_threads, given to torch."""
     choice = choose_threads(setting, since)
     torch.set_num_threads(choice.threads)
     return choice

@@ -1,10 +1,7 @@
-"""The files tinylm ships, and how every output is written: whole or not at all.
-
-A run killed while it writes a report, a figure or the inspection's arrays must not leave a
-half-written file where the last good one was: each is written to a temporary name beside its
-place, flushed, and renamed onto it. A disk that refuses a write (full, read-only) gives one
-NotWritten line naming the file and the free space, and no temporary file is left; what a killed
-process left is swept by the next run in the same place (`sweep_leftovers`).
+"""The files tinylm ships, what it reads from outside, and how every output is written: whole or
+not at all (a temporary name beside its place, flushed, renamed onto it). A refused write gives one
+NotWritten line naming the file and the free space; what a killed writer left is swept by the next
+write in the same place (`sweep_leftovers`).
 """
 
 from __future__ import annotations
@@ -34,37 +31,27 @@ def project_root() -> Path | None:
 
 
 def shipped_dir(in_checkout: str, in_wheel: str) -> Path:
-    """A folder of files tinylm ships: `in_checkout` under the checkout's root, or `in_wheel`
-    inside the installed package (pyproject's force-include maps one to the other)."""
+    """A shipped folder: `in_checkout` of a checkout, or `in_wheel` of the installed package."""
     root = project_root()
     return root / in_checkout if root is not None else PACKAGE_DIR / in_wheel
 
 
 class NotWritten(OSError):
-    """A file or folder could not be written (a full disk, no permission, a read-only disk);
-    what its place held before is intact and no temporary file is left. The message is one line:
-    what, where, why, and the free space of that disk."""
+    """A refused write: one line naming the file and the free space; its place is intact."""
 
     def __init__(self, message: str, code: int | None = None):
         super().__init__(message)
         self.errno = code  # ENOSPC: the disk is full
 
 
-def disk_of(path: str | Path) -> Path:
-    """The mount point of the disk that holds `path`, or would hold it."""
-    place = Path(os.path.abspath(path))
-    while not os.path.ismount(place) and place != place.parent:
-        place = place.parent
-    return place
-
-
 def not_written(path: str | Path, err: BaseException) -> NotWritten:
-    """The NotWritten that reports `err`, raised while writing `path`, with the free space of
-    its disk. A writer that gives no errno (safetensors) on a disk with no room left is taken
-    as having met a full disk (ENOSPC)."""
+    """The NotWritten reporting `err` at `path`. A writer without errno (safetensors) on a disk
+    with no room left is taken as having met a full disk."""
     lines = str(err).strip().splitlines()
     reason = getattr(err, "strerror", None) or (lines[0] if lines else type(err).__name__)
-    disk, errno_ = disk_of(path), getattr(err, "errno", None)
+    disk, errno_ = Path(os.path.abspath(path)), getattr(err, "errno", None)
+    while not os.path.ismount(disk) and disk != disk.parent:  # the mount that holds `path`
+        disk = disk.parent
     try:
         free = shutil.disk_usage(disk).free
         space = f"{free / 2**20:,.1f} MiB free on {disk}"
@@ -82,8 +69,7 @@ def reported(path: str | Path) -> Iterator[None]:
         yield
     except NotWritten:
         raise
-    # safetensors reports a refused write as its own SafetensorError (torch.save raises a
-    # RuntimeError from its zip writer: its caller names it)
+    # safetensors raises its own SafetensorError (torch.save's RuntimeError: its caller names it)
     except (OSError, SafetensorError) as err:
         raise not_written(path, err) from err
 
@@ -103,8 +89,7 @@ def fsync(path: str | Path) -> None:
 
 
 def temporary_name(path: Path, label: str = "tmp") -> Path:
-    """A hidden name beside `path`, unique to this process: `.<name>.<label>-<pid>-<hex>`.
-    `sweep_leftovers` knows it by the pid once that process is gone."""
+    """`.<name>.<label>-<pid>-<hex>` beside `path`: sweep_leftovers knows it once pid is gone."""
     return path.with_name(f".{path.name}.{label}-{os.getpid()}-{secrets.token_hex(4)}")
 
 
@@ -112,10 +97,8 @@ _LEFTOVER = re.compile(r"^\.(?P<name>.+)\.(?P<label>tmp|old)-(?P<pid>\d+)-[0-9a-
 
 
 def sweep_leftovers(directory: str | Path, name: str | None = None) -> list[str]:
-    """Remove the temporary files and folders (`temporary_name`) that a killed process left in
-    `directory` (those of `name` only, if given): those whose pid no longer runs. A folder
-    moved aside to be replaced (`.old`) whose place is empty is put back instead: it is the only
-    copy. Returns their names, for one line of report."""
+    """Remove what killed processes left in `directory` (of `name` only, if given) and return
+    the names; a folder moved aside (`.old`) whose place is empty is put back: the only copy."""
     directory = Path(directory)
     removed = []
     for entry in directory.iterdir() if directory.is_dir() else ():
@@ -140,9 +123,8 @@ def remove(path: Path) -> None:
 
 
 def nearest_folder(directory: Path, key: str, value: object, purpose: str) -> Path:
-    """The folder that `directory` is made in: its parent, or the nearest one above that exists.
-    A file or a link to nowhere where a folder must be (data.cache_dir=/etc/hostname) is
-    refused in one line naming `key`, before anything is read or made."""
+    """The folder `directory` is made in: its parent, or the nearest existing one above. A file
+    or a dangling link where a folder must be is refused in one line naming `key`."""
     place = directory
     while not place.is_dir():
         if os.path.lexists(place):
@@ -155,29 +137,23 @@ def nearest_folder(directory: Path, key: str, value: object, purpose: str) -> Pa
 
 
 def plain_mode(file: Path) -> None:
-    """Give `file` the mode a plainly created file gets under the current umask (0644 under
-    022): some writers (safetensors) create theirs 0600, which no other user could read."""
-    # os.umask reads the mask only by setting one: 077 meanwhile errs on the private side
-    mask = os.umask(0o077)
+    """Give `file` the mode the umask gives a new file: safetensors makes its own 0600."""
+    mask = os.umask(0o077)  # os.umask reads the mask only by setting one
     os.umask(mask)
     os.chmod(file, 0o666 & ~mask)
 
 
 @contextmanager
 def replaced_atomically(path: str | Path) -> Iterator[Path]:
-    """Yield a temporary path beside `path` to write; when the block ends, flush it to the disk
-    and rename it onto `path` (`os.replace`: one step on Linux, macOS and Windows).
-
-    If the block raises, `path` keeps what it held before and the temporary file is removed; a
-    write the disk refused is raised as NotWritten. The temporary name keeps no suffix of
-    `path`'s: writers that choose a format from the suffix must be told it.
-    """
+    """Yield a temporary path beside `path` to write; when the block ends, flush it and rename it
+    onto `path`. A failed block leaves `path` as it was (a refused write: NotWritten). The
+    temporary name keeps no suffix: a writer that picks its format by suffix must be told."""
     path = Path(path)
     tmp = temporary_name(path)
     try:
         with reported(path):
             path.parent.mkdir(parents=True, exist_ok=True)
-            sweep_leftovers(path.parent, path.name)  # what a killed writer of `path` left
+            sweep_leftovers(path.parent, path.name)
             yield tmp
             plain_mode(tmp)
             fsync(tmp)
@@ -188,17 +164,15 @@ def replaced_atomically(path: str | Path) -> Iterator[Path]:
 
 @contextmanager
 def published_atomically(directory: str | Path, replace: bool = False) -> Iterator[Path]:
-    """Yield a temporary folder beside `directory` to write files into; when the block ends,
-    flush it to the disk and publish it: a new `directory` is that folder renamed (one step);
-    an existing one gets each file moved in, each one whole, beside what it holds (event files
-    and figures of one report), or with `replace` is swapped whole for the new folder (a
-    rebuilt data cache). A failed block leaves `directory` as it was and no temporary folder."""
+    """Yield a temporary folder beside `directory` to fill; when the block ends, flush it and
+    publish it: renamed into place, or each file moved into an existing `directory`, or with
+    `replace` swapped whole for it. A failed block leaves `directory` as it was."""
     directory = Path(directory)
     build, old = temporary_name(directory), temporary_name(directory, "old")
     made = [p for p in Path(os.path.abspath(directory)).parents if not p.exists()]
     try:
         with reported(directory):
-            sweep_leftovers(directory.parent, directory.name)  # what a killed writer left
+            sweep_leftovers(directory.parent, directory.name)
             build.mkdir(parents=True)
             yield build
             for path in [*build.rglob("*"), build]:
@@ -239,14 +213,17 @@ def write_text_atomic(path: str | Path, text: str) -> None:
 
 
 def write_json_atomic(path: str | Path, data: dict) -> None:
-    """Write a report as indented JSON to `path` whole or not at all (tinylm-probe,
-    tinylm-bench, the inspection's inspect.json)."""
+    """Write a report as indented JSON to `path` whole or not at all."""
     write_text_atomic(path, json.dumps(data, indent=2) + "\n")
 
 
+# ---- what comes in from outside: one rule, one helper -------------------------------------------
+# A file is judged by its stat, never opened first: a FIFO waits for a writer forever, a device
+# may never end, a huge file would fill the memory.
+
+
 def is_there_as_file(file: Path) -> bool:
-    """Whether `file` is there; one that is not a regular file (a FIFO, a device, a folder) is
-    refused from its stat, never opened: reading a FIFO waits for a writer forever."""
+    """Whether `file` is there; one that is not a regular file is refused in one line."""
     try:
         mode = file.stat().st_mode
     except FileNotFoundError:
@@ -259,13 +236,9 @@ def is_there_as_file(file: Path) -> bool:
     return True
 
 
-# ---- what comes in from outside: one rule, one helper -------------------------------------------
-
-
 def read_regular_file(path: str | Path, max_bytes: int, what: str) -> bytes:
-    """The bytes of `path` (`what` names it in errors, e.g. "prompt_file"): a regular file of at
-    most max_bytes. Anything else is refused in one line from its stat, never read: a FIFO
-    waits for a writer forever, a device may never end, a huge file would fill the memory."""
+    """The bytes of `path`, a regular file of at most max_bytes; anything else is refused in one
+    line naming it as `what` (e.g. "prompt_file")."""
     path = Path(path)
 
     def refuse(status: os.stat_result) -> None:

@@ -1,8 +1,8 @@
 """Hook points: the one way into a model's activations, to read them or to replace them.
 
-A HookPoint is a module that returns its input unchanged; the model passes each activation worth
-looking at through one, so that every one has a name (its module path). A PyTorch forward hook on
-it sees the activation, and what the hook returns replaces it for the rest of the forward pass:
+A HookPoint returns its input unchanged; the model passes each activation worth looking at
+through one, so that every one has a name (its module's path and attribute). A hook on it sees
+the activation, and what the hook returns (if not None) replaces it for the rest of the pass:
 
     blocks.{i}.hook_resid_pre      (B, T, C)        the residual stream into block i
     blocks.{i}.attn.hook_q         (B, nh, T, hs)   queries, per head
@@ -32,24 +32,32 @@ from torch import nn
 Hook = Callable[[torch.Tensor], torch.Tensor | None]
 
 
-class HookPoint(nn.Module):
-    """A named place in the forward pass: identity, unless a hook reads or replaces its value."""
+class HookPoint:
+    """A named place in the forward pass: identity, unless a hook reads or replaces its value.
+
+    A plain object, not an nn.Module: a decoding step passes ~7 per layer, and reaching a
+    submodule (through nn.Module.__getattr__) would cost more than the step's own arithmetic there.
+    """
+
+    def __init__(self):
+        self.fns: list[Hook] = []
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        # without a hook, skip nn.Module's call machinery: a decoding step passes ~7 per layer
-        return super().__call__(x) if self._forward_hooks else x
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for fn in self.fns:
+            out = fn(x)
+            x = x if out is None else out
         return x
 
     @property
     def hooked(self) -> bool:
-        return bool(self._forward_hooks)
+        return bool(self.fns)
 
 
 def hook_points(model: nn.Module) -> dict[str, HookPoint]:
-    """Every hook point of `model` by its name, in forward order."""
-    return {name: m for name, m in model.named_modules() if isinstance(m, HookPoint)}
+    """Every hook point of `model` by its name (module path), in the order its modules made them."""
+    return {f"{path}.{name}" if path else name: point
+            for path, module in model.named_modules()
+            for name, point in vars(module).items() if isinstance(point, HookPoint)}
 
 
 def resolve(model: nn.Module, names: Iterable[str]) -> list[str]:
@@ -71,16 +79,16 @@ def resolve(model: nn.Module, names: Iterable[str]) -> list[str]:
 def hooks(model: nn.Module, fns: Mapping[str, Hook]) -> Iterator[None]:
     """Inside: each fn runs on its hook point's activation (see the module docstring)."""
     points = hook_points(model)
-    handles = []
+    added = []
     try:
         for name, fn in fns.items():
             for full in resolve(model, [name]):
-                handles.append(points[full].register_forward_hook(
-                    lambda _module, _args, out, fn=fn: fn(out)))
+                points[full].fns.append(fn)
+                added.append((points[full], fn))
         yield
     finally:
-        for handle in handles:
-            handle.remove()
+        for point, fn in added:
+            point.fns.remove(fn)
 
 
 @contextmanager

@@ -3,6 +3,7 @@ prose wrapped. tinylm-explain, tinylm-probe and tinylm-bench print through these
 
 from __future__ import annotations
 
+import itertools
 import math
 import textwrap
 from collections.abc import Sequence
@@ -61,13 +62,8 @@ def side_by_side(blocks: Sequence[list[str]], gap: int = 4) -> list[str]:
         for block in blocks:
             out += block + [""]
         return out[:-1]
-    height = max(len(block) for block in blocks)
-    out = []
-    for i in range(height):
-        parts = [(block[i] if i < len(block) else "").ljust(w) for block, w in
-                 zip(blocks, widths, strict=True)]
-        out.append((" " * gap).join(parts).rstrip())
-    return out
+    return [(" " * gap).join(line.ljust(w) for line, w in zip(row, widths, strict=True)).rstrip()
+            for row in itertools.zip_longest(*blocks, fillvalue="")]
 
 
 def paragraph(text: str, indent: str = "") -> list[str]:
@@ -77,11 +73,9 @@ def paragraph(text: str, indent: str = "") -> list[str]:
 
 def columns(header: Sequence[str], rows: Sequence[Sequence[str]], align: str,
             gaps: int | Sequence[int] = 2, indent: str = "") -> list[str]:
-    """Cells already formatted, under their titles, each column as wide as its widest entry.
-
-    `align` has a "<" (left) or ">" (right) per column; `gaps` are the spaces before each column
-    but the first (one count for all, or one per column). Trailing spaces are cut.
-    """
+    """Formatted cells under their titles, each column as wide as its widest entry; `align` has
+    "<" or ">" per column, `gaps` the spaces before each column but the first (one for all or
+    one per column)."""
     widths = [max(len(line[i]) for line in (header, *rows)) for i in range(len(header))]
     spaces = [0, *([gaps] * (len(header) - 1) if isinstance(gaps, int) else gaps)]
     return [(indent + "".join(" " * gap + f"{cell:{side}{width}}" for cell, side, width, gap in

@@ -1,9 +1,8 @@
 """Tokenizers: byte-level BPE (HF `tokenizers`) and character-level, behind one interface.
 
 Both map text to ids and back, give each token's character span in the text (attention pictures
-label their axes with it) and save to one JSON file that `load_tokenizer` tells apart. A pretrained
-model's tokenizer.json (tinylm/pretrained/) loads as a BPETokenizer too, with the model's own
-end-of-text token and the BOS token its file adds, as transformers encodes it.
+label their axes with it) and save to one JSON file that `load_tokenizer` tells apart; a pretrained
+model's tokenizer.json loads as a BPETokenizer too.
 
     tok = train_tokenizer(TokenizerConfig(name="bpe", vocab_size=512), ["Once upon a time ..."])
     ids, offsets = tok.encode_with_offsets("The cat sat. It purred.")
@@ -33,11 +32,12 @@ from tokenizers import Regex, decoders, models, pre_tokenizers, trainers
 from tokenizers import Tokenizer as HFTokenizer
 
 from tinylm.config import ConfigError, at_least, check, choice, integer
-from tinylm.files import write_text_atomic
+from tinylm.files import read_regular_file, write_text_atomic
 
 EOT = "<|endoftext|>"  # separates documents in the token stream; the model learns "story over"
 N_BYTES = 256  # byte-level BPE starts from one symbol per byte value
 MAX_PIECE = 256  # characters; BPE learns merges within pieces of at most this length
+MAX_FILE_BYTES = 1 << 28  # a pretrained model's tokenizer.json has tens of MB at most
 
 
 @dataclass
@@ -60,8 +60,7 @@ class TokenizerConfig:
 
 
 class Tokenizer(ABC):
-    """What every tinylm tokenizer offers; `eot_id` is the id of the end-of-text token
-    (<|endoftext|> in tinylm's own, where generation stops)."""
+    """What every tinylm tokenizer offers; `eot_id`: the end-of-text id, where generation stops."""
 
     eot_id: int
 
@@ -84,7 +83,7 @@ class Tokenizer(ABC):
 
     @abstractmethod
     def save(self, path: str | Path) -> None:
-        """Write the tokenizer to one JSON file, whole or not at all (a full disk: NotWritten)."""
+        """Write the tokenizer to one JSON file, whole or not at all."""
 
     def encode(self, text: str) -> list[int]:
         """Ids of `text`; a special token written out (<|endoftext|>) becomes its id."""
@@ -96,11 +95,8 @@ class Tokenizer(ABC):
 
 
 def _byte_symbols() -> dict[str, int]:
-    """Byte-level BPE's printable stand-in character for each byte value (the GPT-2 table).
-
-    Bytes that print as themselves keep their character; the others (controls, space, ...) are
-    shifted to 256 + n, which is why a space shows up as 'Ġ' and a newline as 'Ċ' in vocabularies.
-    """
+    """Byte-level BPE's printable stand-in character for each byte value (the GPT-2 table): the
+    others (controls, space) are shifted to 256 + n, so a space shows as 'Ġ', a newline as 'Ċ'."""
     printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1),
                  *range(ord("®"), ord("ÿ") + 1)]
     table = {chr(b): b for b in printable}
@@ -110,13 +106,9 @@ def _byte_symbols() -> dict[str, int]:
 
 
 class BPETokenizer(Tokenizer):
-    """Byte-level BPE (HF tokenizers): any text encodes, no unknown tokens, exact round-trip.
-
-    A pretrained model's BPE file works too: `eot_id` is then its end-of-text token (the loader
-    reads it from config.json), encoding applies the file's post-processor (a BOS token first,
-    where it adds one) and decoding leaves that BOS out, and a SentencePiece-style vocabulary
-    ("▁the", "<0x0A>") is labelled too.
-    """
+    """Byte-level BPE (HF tokenizers): any text encodes, no unknown tokens, exact round-trip. Of
+    a pretrained model's file, `eot_id` is its end-of-text token (from config.json), encoding
+    adds the BOS its post-processor adds (as transformers does) and decoding leaves it out."""
 
     def __init__(self, hf_tokenizer: HFTokenizer, eot_id: int | None = None):
         self.hf = hf_tokenizer
@@ -134,8 +126,7 @@ class BPETokenizer(Tokenizer):
         self._bytes_of_symbol = _byte_symbols() if byte_level else None
         # special and added tokens are labelled as written (<|endoftext|>, <s>, <|im_end|>)
         self._added = {i: t.content for i, t in hf_tokenizer.get_added_tokens_decoder().items()}
-        # the special tokens the post-processor puts before every text (Llama's <s>; none in
-        # tinylm's own): decode leaves them out where ids start with them, as encode added them
+        # what the post-processor puts before every text (Llama's <s>): decode leaves it out
         sample = hf_tokenizer.encode("a")
         text_start = next((i for i, special in enumerate(sample.special_tokens_mask)
                            if not special), 0)
@@ -145,8 +136,7 @@ class BPETokenizer(Tokenizer):
     def train(cls, texts: Iterable[str], vocab_size: int,
               show_progress: bool | None = None) -> BPETokenizer:
         """Learn merges on `texts` up to vocab_size ids; progress bars by default on a terminal."""
-        # in a log file the bars are only blank lines; pythonw has no stdout at all
-        if show_progress is None:
+        if show_progress is None:  # in a log file bars are blank lines; pythonw has no stdout
             show_progress = sys.stdout is not None and sys.stdout.isatty()
         # The trainer runs in Rust, minutes on a big corpus, and a Python signal handler runs only
         # once it returns: Ctrl-C or SIGTERM would wait for it. In a child process it is killed
@@ -179,11 +169,9 @@ class BPETokenizer(Tokenizer):
         return self.hf.get_vocab_size()
 
     def encode_with_offsets(self, text: str) -> tuple[list[int], list[tuple[int, int]]]:
-        # The file's post-processor runs, as in transformers: a pretrained tokenizer's adds its
-        # BOS token (span (0, 0)); tinylm's own have none, so nothing is added to theirs.
+        # a BOS the post-processor adds spans (0, 0); tokens holding part of one character (the
+        # bytes of an emoji) each get that character's whole span
         enc = self.hf.encode(text)
-        # Spans are characters of `text`; tokens holding part of one character (the bytes of an
-        # emoji) each get that character's whole span.
         return enc.ids, [tuple(span) for span in enc.offsets]
 
     def encode_batch(self, texts: list[str]) -> list[list[int]]:
@@ -206,9 +194,8 @@ class BPETokenizer(Tokenizer):
             if token_id in self._added:
                 labels.append(self._added[token_id])
                 continue
-            raw = self._bytes(symbols)
-            # Part of a multi-byte character shows as escapes (e.g. '\xf0\x9f') instead of '�'.
-            labels.append(raw.decode("utf-8", errors="backslashreplace"))
+            # part of a multi-byte character shows as escapes ('\xf0\x9f') instead of '�'
+            labels.append(self._bytes(symbols).decode("utf-8", errors="backslashreplace"))
         return labels
 
     def _bytes(self, symbols: str) -> bytes:
@@ -228,8 +215,8 @@ _END = (1 << 64) - 1  # the length that ends the texts sent to the child
 
 
 def _send(texts: Iterable[str], pipe: BinaryIO) -> None:
-    """Write each text to the child as its UTF-8 length (8 bytes) and bytes, then _END; a
-    child that ended early stops the writing, and its exit status tells why."""
+    """Write each text to the child as its UTF-8 length (8 bytes) and bytes, then _END; a child
+    that ended early stops the writing (its exit status tells why)."""
     with suppress(BrokenPipeError):
         for text in texts:
             data = text.encode()
@@ -242,23 +229,20 @@ def _received(pipe: BinaryIO) -> Iterator[str]:
     """The texts _send wrote, in order."""
     while len(header := pipe.read(8)) == 8 and (size := int.from_bytes(header, "little")) != _END:
         yield pipe.read(size).decode(errors="replace")  # cut short only where the parent died
-    # The parent closes the pipe once this process has ended. Closed before (the parent was
-    # killed, even by kill -9), nobody waits for this trainer: it ends too, not minutes later.
+    # The parent closes the pipe once this process has ended; closed before (the parent was
+    # killed, even by kill -9), nobody waits for this trainer: it ends too.
     threading.Thread(target=lambda: (os.read(pipe.fileno(), 1), os._exit(1)), daemon=True).start()
 
 
 def _train_in_child() -> None:
-    """The child's side of BPETokenizer.train: texts from stdin, the trained tokenizer saved to
-    the file argv names."""
+    """The child's side of BPETokenizer.train: texts from stdin, the tokenizer to argv's file."""
     # Ctrl-C reaches every process of the terminal's group: the parent alone decides to stop
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     vocab_size, show_progress, out = sys.argv[1:]
     hf = HFTokenizer(models.BPE())
-    # No normalizer: text must come back exactly as it went in (NFC would change accents).
-    # Runs of MAX_PIECE characters without whitespace (or of whitespace alone) are cut off
-    # first: the trainer's work grows with the square of a piece's length, and 6 MB of one
-    # "word" (minified data, a script without spaces) took minutes. Shorter runs, all of
-    # ordinary text, pass whole to the byte-level split.
+    # No normalizer: text must come back exactly as it went in. Runs of MAX_PIECE characters
+    # without whitespace (or of whitespace alone) are cut off first: the trainer's work grows
+    # with the square of a piece's length (6 MB of minified data took minutes).
     long_runs = Regex(rf"\S{{{MAX_PIECE}}}|\s{{{MAX_PIECE}}}")
     hf.pre_tokenizer = pre_tokenizers.Sequence([
         pre_tokenizers.Split(long_runs, behavior="isolated"),
@@ -316,13 +300,7 @@ class CharTokenizer(Tokenizer):
 
     def token_strings(self, ids: Iterable[int]) -> list[str]:
         vocabulary = [*self.chars, EOT]  # id -> its text
-        labels = []
-        for token_id in map(int, ids):
-            if not 0 <= token_id < len(vocabulary):
-                raise ValueError(f"token id {token_id} is outside this tokenizer's "
-                                 f"vocabulary of {self.vocab_size}")
-            labels.append(vocabulary[token_id])
-        return labels
+        return [vocabulary[int(i)] for i in ids]
 
     def save(self, path: str | Path) -> None:
         data = {"kind": "tinylm-char", "version": 1, "eot": EOT, "chars": self.chars}
@@ -338,8 +316,7 @@ def train_tokenizer(cfg: TokenizerConfig, texts: Iterable[str],
 
 
 def _check_dense_ids(hf: HFTokenizer, path: Path) -> None:
-    """Refuse a BPE file whose ids run past its vocab_size (a count of entries): the model's
-    embedding has vocab_size rows, so such an id would index past its end."""
+    """Refuse a BPE file whose ids run past its vocab_size (and the model's embedding)."""
     vocab = hf.get_vocab(with_added_tokens=True)
     token, largest = max(vocab.items(), key=lambda item: item[1], default=("", -1))
     if largest >= hf.get_vocab_size():
@@ -350,14 +327,11 @@ def _check_dense_ids(hf: HFTokenizer, path: Path) -> None:
 
 
 def load_tokenizer(path: str | Path, eot_id: int | None = None) -> Tokenizer:
-    """Load a tokenizer.json written by either tokenizer, or a pretrained model's BPE file; the
-    file says which kind it is. `eot_id`: a pretrained model's end-of-text id (its config.json's
-    eos_token_id), for a BPE file without <|endoftext|> or one whose model ends texts otherwise."""
+    """Load a tokenizer.json of either kind, or a pretrained model's BPE with its `eot_id`."""
     path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"tokenizer file {path} does not exist")
+    raw = read_regular_file(path, MAX_FILE_BYTES, "tokenizer file")
     try:
-        text = path.read_text(encoding="utf-8")
+        text = raw.decode("utf-8")
         data = json.loads(text)
     except UnicodeDecodeError as err:
         raise ValueError(f"{path} is not a tokenizer: not UTF-8 text (byte {err.start})"

@@ -1,7 +1,4 @@
-"""The options of tinylm-bench: one dataclass per section, the schema of conf/bench.yaml.
-
-    cfg = bench_config({"section": "train", "train": {"batch_size": 32}})   # every part checked
-"""
+"""The options of tinylm-bench: one dataclass per section, the schema of conf/bench.yaml."""
 
 from __future__ import annotations
 
@@ -66,15 +63,13 @@ class LoadBenchConfig:
     fixed_threads: int = 2  # what torch takes by itself on 2 cores: the collapse to compare
     settle_s: float = 0.5  # the load runs this long before the measuring process starts
     optim: str = "muon"  # the default run's optimizer (tinylm-train's conf/config.yaml)
-    # every condition this many times in turns; each round times ceil(repeats / rounds) calls
-    rounds: int = 3
+    rounds: int = 3  # every condition in turns, each round ceil(repeats / rounds) calls
 
     def __post_init__(self):
         check(self, "load", optim=choice(*OPTIMIZERS), rounds=at_least(1))
 
 
-# nanoGPT's CPU command for shakespeare_char in the shape of conf/experiment/shakespeare_char.yaml
-# (its README's, with 20 evaluation batches as ours)
+# nanoGPT's README command for shakespeare_char on the CPU, with 20 evaluation batches as ours
 NANOGPT_SHAKESPEARE_CHAR = (
     "config/train_shakespeare_char.py", "--dataset=shakespeare_char", "--device=cpu",
     "--compile=False", "--eval_iters=20", "--log_interval=50", "--block_size=64",
@@ -89,15 +84,14 @@ def nanogpt_option(args: list[str], name: str, default: str | None = None) -> st
 
 @dataclass
 class EndToEndBenchConfig:
-    """`tinylm-train experiment=<experiment>` in a subprocess, with and without the extras,
-    and nanoGPT's command beside it where a checkout is given."""
+    """`tinylm-train experiment=<experiment>`, with and without the evaluation extras, and
+    nanoGPT's command where a checkout is given."""
 
     experiment: str | None = "shakespeare_char"  # None: the default run
     overrides: list[str] = field(default_factory=list)  # more tinylm-train overrides
     target_val: float = 1.89  # time until the val loss is at most this
-    # a nanoGPT checkout with its data prepared (git clone https://github.com/karpathy/nanoGPT;
-    # python data/shakespeare_char/prepare.py): its train.py runs with nanogpt_args, with this
-    # Python, after ours, and the target ratio is against its wall time. None: no target
+    # a nanoGPT checkout with its data prepared (docs/benchmarks.md): its train.py runs with
+    # nanogpt_args, with this Python, after ours; the target is against its wall time. None: none
     nanogpt: str | None = None
     nanogpt_args: list[str] = field(default_factory=lambda: list(NANOGPT_SHAKESPEARE_CHAR))
 
@@ -118,7 +112,7 @@ class EndToEndBenchConfig:
 
 @dataclass
 class BenchConfig:
-    """Options of tinylm-bench; the schema of conf/bench.yaml (defaults: here only)."""
+    """Options of tinylm-bench: conf/bench.yaml's schema and defaults."""
 
     section: str = "all"  # all, or one of SECTIONS
     threads: int = 2  # torch threads for every candidate (restored afterwards)

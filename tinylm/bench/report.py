@@ -1,8 +1,5 @@
 """Running tinylm-bench: the chosen sections in turn, each table printed as it finishes, and the
-JSON-ready report.
-
-    report = run_bench(bench_config({"section": "generate", "repeats": 9}))
-"""
+JSON report."""
 
 from __future__ import annotations
 
@@ -107,8 +104,8 @@ def shown_value(ratio: Ratio) -> str:
 
 
 def format_section(section: Section) -> str:
-    """A plain-text table of one section, then its ratios and notes. Figures derive from the
-    median; the min beside it shows how much the load moved the timings."""
+    """A plain-text table of one section (the min beside the median shows how much load moved
+    the timings), then its ratios and notes."""
     keys = [k for k in FIGURES if any(k in r.figures for r in section.rows)]
     header = ["candidate", "median ms", "min ms", *(FIGURES[k][0] for k in keys), "note"]
     rows = [[r.name, f"{r.median_s * 1e3:,.2f}", f"{min(r.times_s) * 1e3:,.2f}",

@@ -1,6 +1,5 @@
 """The sections that run whole programs: training beside other load (load), and a training run
-end to end as a user starts it, beside nanoGPT's command where a checkout is given (endtoend).
-"""
+end to end as a user starts it, beside nanoGPT's command where a checkout is given (endtoend)."""
 
 from __future__ import annotations
 
@@ -29,18 +28,15 @@ from tinylm.model import ModelConfig, TinyLM
 from tinylm.train.optim import OptimConfig
 
 
-def default_environment(**extra: str) -> dict[str, str]:
-    """This process's environment without its OpenMP settings (torch's own defaults), plus
-    `extra`."""
-    return {**{k: v for k, v in os.environ.items() if not k.startswith(("OMP_", "GOMP_"))},
-            **extra}
+def default_environment() -> dict[str, str]:
+    """This process's environment without its OpenMP settings: torch's own defaults."""
+    return {k: v for k, v in os.environ.items() if not k.startswith(("OMP_", "GOMP_"))}
 
 
 def run_python(args: list[str], command: str, env: dict[str, str] | None = None,
                cwd: Path | None = None) -> tuple[list[tuple[float, str]], float]:
-    """`python args` as a subprocess, unbuffered: each line it prints, with the seconds from the
-    command to its arrival, and its wall time. Raises naming `command` and its last line if it
-    fails."""
+    """`python args`, unbuffered: each line it prints with the seconds from the command to its
+    arrival, and its wall time. Raises naming `command` and its last line if it fails."""
     env = {**(os.environ if env is None else env), "PYTHONUNBUFFERED": "1"}
     with tempfile.TemporaryFile("w+") as errors:
         start = time.time()
@@ -58,7 +54,7 @@ def run_python(args: list[str], command: str, env: dict[str, str] | None = None,
 
 # ---------------------------------------------------------------------------------- load
 
-# What the other load is: a plain busy loop, and a PyTorch job with 2 intra-op threads.
+# the other load: a plain busy loop, and a PyTorch job with 2 intra-op threads
 COMPETITORS = {
     "one busy process": "while True: pass",
     "a 2-thread PyTorch job": (
@@ -66,8 +62,7 @@ COMPETITORS = {
         "print('ready', flush=True)\nwhile True:\n    a @ a\n"),
 }
 
-# Each condition is timed in a new process, as a command starts: `auto` watches the cores over
-# the process's start-up.
+# each condition is timed in a new process, whose `auto` watches the cores over its start-up
 LOAD_WORKER = (
     "import json, sys\nfrom tinylm.device import start_sample\nsince = start_sample()\n"
     "from tinylm.bench.runs import load_worker\n"
@@ -76,9 +71,8 @@ LOAD_WORKER = (
 
 @contextlib.contextmanager
 def competitor(code: str) -> Iterator[subprocess.Popen]:
-    """Run `code` in another Python process until the block ends (waits for a 'ready' line
-    if the code prints one)."""
-    env = default_environment(OMP_NUM_THREADS="2")  # the other job's own choice, not auto's
+    """`code` running in another Python process for the block (after its 'ready' line, if any)."""
+    env = {**default_environment(), "OMP_NUM_THREADS": "2"}  # the job's own choice, not auto's
     process = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE,
                                stderr=subprocess.DEVNULL, text=True, env=env)
     try:
@@ -91,10 +85,9 @@ def competitor(code: str) -> Iterator[subprocess.Popen]:
 
 
 def load_worker(spec: dict, since=None) -> dict:
-    """In the process LOAD_WORKER starts: time training steps (and decoding) with the threads
-    `auto` chooses, with spec["fixed_threads"], and (spec["quiet"]) with 1 thread. Returns the
-    seconds of every timed call by candidate, and what auto chose and why (`since`: the cores'
-    sample at the process's start)."""
+    """In LOAD_WORKER's process: the seconds of every timed call of training steps (and
+    decoding) with the threads `auto` chooses (watching the cores since `since`), with
+    spec["fixed_threads"] and (spec["quiet"]) with 1; and what auto chose and why."""
     model_cfg, B = ModelConfig(**spec["model"]), spec["batch_size"]
     x = torch.randint(0, model_cfg.vocab_size, (B, model_cfg.block_size))
     step = training_step(TinyLM(model_cfg), OptimConfig(**spec["optim"]), x, x.roll(-1, 1),
@@ -136,11 +129,9 @@ def run_load_worker(spec: dict) -> dict:
 
 def bench_load(cfg: BenchConfig) -> Section:
     """Default training steps and batch-1 decoding, quiet and beside each competitor, with
-    threads=auto and a fixed count; tokens/s under load as a share of the fair share: one
-    thread's quiet tokens/s, timed in the same round.
-
-    The conditions run in turns, `load.rounds` times, so that a minute in which the machine was
-    slower falls on both sides of a share; the ratios are the medians of the rounds' shares."""
+    threads=auto and a fixed count: tokens/s under load as a share of one thread's quiet speed
+    in the same round (the fair share). The conditions run in turns, `load.rounds` times, so a
+    slower minute falls on both sides of a share; a ratio is the median of its rounds' shares."""
     load, model_cfg = cfg.load, cfg.model
     B, T = load.batch_size, model_cfg.block_size
     optim = replace(cfg.optim, name=load.optim)
@@ -183,28 +174,21 @@ def bench_load(cfg: BenchConfig) -> Section:
               for (candidate, condition), kept in shares.items()]
     per_round = [f"{condition}: " + ", ".join(f"{share:.2f}" for share in kept)
                  for (candidate, condition), kept in shares.items() if candidate == "train, auto"]
-    notes = []
-    for condition, by_round in workers.items():
-        note = f"{condition}: auto chose {by_round[0]['auto']}"
-        if load.rounds > 1:
-            chosen = ", ".join(str(worker["auto_threads"]) for worker in by_round)
-            note += f"; by round: {chosen} threads"
-        notes.append(note)
-    notes += [f"{load.rounds} round{'s' if load.rounds != 1 else ''} of every condition in turns, "
-              f"{repeats} timed call{'s' if repeats != 1 else ''} per candidate "
-              f"in each, after {cfg.warmup} untimed; a ratio is the median of its rounds' "
-              "shares, each against one thread's quiet speed at the same work in its own round "
-              "(the fair share beside one other busy process on 2 cores is one core); "
-              "train, auto, by round: " + "; ".join(per_round),
+    notes = [f"{condition}: auto chose {by_round[0]['auto']}" + (
+        "; by round: " + ", ".join(str(w["auto_threads"]) for w in by_round) + " threads"
+        if load.rounds > 1 else "") for condition, by_round in workers.items()]
+    notes += [f"{load.rounds} round{'s' if load.rounds != 1 else ''} of every condition in "
+              f"turns, {repeats} timed call{'s' if repeats != 1 else ''} per candidate in each, "
+              f"after {cfg.warmup} untimed; a ratio: the median of its "
+              "rounds' shares of one thread's quiet speed in the same round; train, auto, by "
+              "round: " + "; ".join(per_round),
               f"train: the default run's step (B={B}, T={T}, n_layer={model_cfg.n_layer}, "
               f"n_embd={model_cfg.n_embd}, dropout={model_cfg.dropout}, {precision}, "
               f"optim={optim.name}), {load.steps_per_call} steps per call; decode: greedy "
               f"batch 1, {load.decode_tokens} tokens with the KV cache",
-              "each condition: one new process, without this environment's OpenMP settings "
-              "(OMP_*, GOMP_*), whose auto watches the cores over its start-up as the commands' "
-              "does",
-              "competitors: " + "; ".join(f"{name}: python -c {code!r}"
-                                          for name, code in COMPETITORS.items())]
+              "each condition: a new process without OMP_*/GOMP_* settings, whose auto watches "
+              "the cores over its start-up; competitors: " + "; ".join(
+                  f"{name}: python -c {code!r}" for name, code in COMPETITORS.items())]
     return Section("load", rows, ratios, notes)
 
 
@@ -224,7 +208,6 @@ class TrainRun:
     device: str  # cpu, cuda, ...: where it trained
 
     def row(self, name: str) -> Row:
-        """The section's row of this run."""
         figures = {"wall_s": self.wall_s, "startup_s": self.startup_s,
                    "step_ms": self.step_s * 1e3, "val_loss": self.val_loss}
         if self.to_target_s is not None:
@@ -259,9 +242,8 @@ NANOGPT_STEP = re.compile(r"iter (\d+): loss [\d.]+, time ([\d.]+)ms")
 
 
 def run_nanogpt(checkout: Path, args: list[str], out_dir: Path, target_val: float) -> TrainRun:
-    """nanoGPT's `python train.py args` in its checkout, with this Python, as a subprocess
-    timed from the command by the lines it prints; its checkpoint goes to out_dir, not over
-    the checkout's own."""
+    """nanoGPT's `python train.py args` in its checkout, with this Python, timed by the lines it
+    prints; its checkpoint goes to out_dir, not over the checkout's own."""
     command = f"nanoGPT's python train.py {' '.join(args)} in {checkout}"
     lines, wall = run_python(["train.py", *args, f"--out_dir={out_dir}"], command,
                              env=default_environment(), cwd=checkout)
@@ -285,7 +267,7 @@ def run_nanogpt(checkout: Path, args: list[str], out_dir: Path, target_val: floa
 def endtoend_ratios(extras: TrainRun, plain: TrainRun, nanogpt: TrainRun | None,
                     target_val: float) -> list[Ratio]:
     """Wall time with the extras against without; where nanoGPT ran here, time to the target
-    val against its wall time (the target) and its time to the same val."""
+    val against its wall time (the target) and against its time to the same val."""
     ratios = [Ratio("wall time with the extras / without", extras.wall_s / plain.wall_s)]
     if nanogpt is None or extras.to_target_s is None:
         return ratios
@@ -299,9 +281,8 @@ def endtoend_ratios(extras: TrainRun, plain: TrainRun, nanogpt: TrainRun | None,
 
 
 def bench_endtoend(cfg: BenchConfig) -> Section:
-    """The experiment as a user runs it, with the evaluation extras (sample, figures) and
-    without, then nanoGPT's command if endtoend.nanogpt names a checkout; wall time, start-up,
-    time per step, final val loss, time to the target val."""
+    """The experiment as a user runs it, with the evaluation extras (sample, attention maps) and
+    without, then nanoGPT's command if endtoend.nanogpt names a checkout."""
     e = cfg.endtoend
     base = [*([f"experiment={e.experiment}"] if e.experiment else []), *e.overrides]
     plain_args = [*base, "train.probe_prompt=''", "train.sample_tokens=0"]
@@ -318,19 +299,17 @@ def bench_endtoend(cfg: BenchConfig) -> Section:
             nanogpt = run_nanogpt(Path(e.nanogpt).expanduser(), e.nanogpt_args,
                                   Path(work) / "nanogpt", e.target_val)
             rows.append(nanogpt.row("nanoGPT's command"))
-    notes = [f"each: python -m tinylm.cli.train {' '.join(base)} [...] in a subprocess, timed "
-             "from the command to its exit; start-up: to the start-up line, logged just before "
-             "step 1; per step: the median of the logged tokens/s; to val: the first evaluation "
-             f"at or below {e.target_val} (evaluations every train.eval_interval steps)"]
+    notes = [f"each: python -m tinylm.cli.train {' '.join(base)} [...], timed from the command to "
+             "its exit; start-up: to the start-up line, just before step 1; per step: from the "
+             f"median logged tokens/s; to val: the first evaluation at or below {e.target_val}"]
     if nanogpt is None:
         notes.append("no target without nanoGPT's command run here beside it: "
                      "endtoend.nanogpt=<a nanoGPT checkout>")
     else:
         notes.append(f"nanoGPT: python train.py {' '.join(e.nanogpt_args)} --out_dir=<a "
                      f"temporary dir> in {e.nanogpt}, with this Python (torch "
-                     f"{torch.__version__}), timed by the lines it prints; start-up: to its "
-                     "first evaluation, printed just before its first step; per step: the "
-                     "median of its logged step times after iter 0")
+                     f"{torch.__version__}); start-up: to its first evaluation, just before its "
+                     "first step; per step: the median of its logged step times after iter 0")
         if nanogpt.device != extras.device:
             notes.append(f"tinylm trained on {extras.device} and nanoGPT on {nanogpt.device}: "
                          "the ratio compares devices as much as programs; give both one device "

@@ -1,9 +1,5 @@
-"""What a benchmark section returns, how it times, and the sections that run in this process.
-
-Each section is a function `bench_<name>(cfg: BenchConfig) -> Section`. Every candidate is warmed
-up, then all are timed in turns, so that load from elsewhere on the machine falls on all of them
-alike; a target is only ever held to a ratio of medians measured side by side.
-"""
+"""What a benchmark section returns, how it times (in turns, so that load from elsewhere falls
+on every candidate alike), and the sections that run in this process."""
 
 from __future__ import annotations
 
@@ -47,9 +43,8 @@ class Ratio:
     met: bool | None = field(init=False)  # None: no target
 
     def __post_init__(self):
-        self.met = None
-        if self.target is not None:
-            self.met = self.value <= self.target if self.at_most else self.value >= self.target
+        self.met = None if self.target is None else (
+            self.value <= self.target if self.at_most else self.value >= self.target)
 
 
 @dataclass
@@ -95,19 +90,17 @@ def bench_attention(cfg: BenchConfig) -> Section:
     x = torch.randn(B, T, C, requires_grad=True)
     mask = causal_mask(T, T)
 
-    def backward(output: torch.Tensor) -> None:
-        output.sum().backward()
-
-    def explicit() -> torch.Tensor:
+    def explicit() -> None:
         with caching(ours, ["hook_pattern"]):  # read weights: the explicit path
-            return ours(x)
+            y = ours(x)
+        y.sum().backward()
 
     rows = time_turns({
-        "tinylm explicit path": lambda: backward(explicit()),
-        "tinylm fast path": lambda: backward(ours(x)),
+        "tinylm explicit path": explicit,
+        "tinylm fast path": lambda: ours(x).sum().backward(),
         # is_causal=True beside the mask lets torch hand the fused kernel is_causal instead
-        "torch nn.MultiheadAttention": lambda: backward(
-            peer(x, x, x, attn_mask=mask, is_causal=True, need_weights=False)[0]),
+        "torch nn.MultiheadAttention": lambda: peer(
+            x, x, x, attn_mask=mask, is_causal=True, need_weights=False)[0].sum().backward(),
     }, cfg.repeats, cfg.warmup)
     set_tokens_per_s(rows, B * T)
     fast_s, peer_s = rows["tinylm fast path"].median_s, rows["torch nn.MultiheadAttention"].median_s
@@ -122,7 +115,7 @@ def bench_attention(cfg: BenchConfig) -> Section:
 
 
 def gpt2_like(cfg: ModelConfig, attn_implementation: str) -> nn.Module:
-    """A randomly initialised transformers GPT2LMHeadModel with the shape of `cfg`, no dropout."""
+    """A random transformers GPT2LMHeadModel of the shape of `cfg`, without dropout."""
     try:  # transformers is optional (the bench extra), so it is imported only here
         from transformers import GPT2Config, GPT2LMHeadModel
         from transformers.utils import logging
@@ -166,8 +159,8 @@ def bench_generate(cfg: BenchConfig) -> Section:
     rows = time_turns(candidates, cfg.repeats, max(cfg.warmup - 1, 0))
     set_tokens_per_s(rows, n)
 
-    # One cached decoding step (forward of one token + argmax) at two positions: each position's
-    # cache is filled once up to it, then rewound to it before every step.
+    # one cached step (a token's forward + argmax) at two positions: the cache filled once up to
+    # the position, rewound to it before every step
     token = torch.zeros(1, 1, dtype=torch.long)
 
     def decode_at(position: int) -> Callable[[], None]:
@@ -195,12 +188,10 @@ def bench_generate(cfg: BenchConfig) -> Section:
          Ratio(f"latency at position {g.late_position} / {g.early_position}",
                latency[late].median_s / latency[early].median_s, 1.5, at_most=True)],
         [f"batch 1, greedy, {g.prompt_len}-token random prompt, {n} new tokens (prefill "
-         f"included), random weights, block_size={g.block_size}, fp32; ours: "
-         "tinylm.generate.generate(temperature=0); GPT-2: generate(do_sample=False, "
-         "use_cache=True, min_new_tokens=max_new_tokens), sdpa attention",
-         f"step rows: median time of one cached step (forward of 1 token + argmax, set up as "
-         f"generate sets it up: tinylm.fast.cpu_decoding), {g.latency_steps} steps per "
-         "timed call"])
+         f"included), random weights, block_size={g.block_size}, fp32; GPT-2: "
+         "generate(do_sample=False, use_cache=True, min_new_tokens=max_new_tokens), sdpa",
+         f"step rows: one cached step (a token's forward + argmax, set up as generate does), "
+         f"{g.latency_steps} steps per timed call"])
 
 
 def bench_inspect(cfg: BenchConfig) -> Section:
@@ -227,14 +218,14 @@ def bench_inspect(cfg: BenchConfig) -> Section:
 
 
 def bench_data(cfg: BenchConfig) -> Section:
-    """Tokenizer training and encoding throughput (MB/s of UTF-8 text) on the local corpus."""
+    """Tokenizer training and encoding throughput on the local corpus."""
     data, tok = cfg.data, cfg.tokenizer
     if data.source != "local":
         raise ValueError(f"data.source={data.source!r}: the data section reads local files "
                          "only; use data.source=local")
     root, why = data_root(data.data_root)
     files = resolve_files(root, data.files, data.name, why)
-    # rows cut as tinylm-prepare cuts them (on_decode_error: strict | replace)
+    # rows cut as tinylm-prepare cuts them
     texts = [row for path in files for row in read_rows(path, data.sample_by,
                                                          data.on_decode_error)]
     text = data.joiner.join(texts)

@@ -1,18 +1,11 @@
-"""The tinylm-* commands, one module each, and what they share: how a command is composed by
-Hydra, and how it ends on bad input or a signal.
+"""The tinylm-* commands, one module each, and what they share. This package is the only code that
+knows Hydra, sys.argv and exit codes.
 
-This package is the only code that knows Hydra, sys.argv and exit codes. Each command module
-defines its options (a dataclass, the schema of conf/<command>.yaml) and a task; `command` turns
-them into a console entry point:
-
-    main = command("tinylm-generate", "generate", GenerateConfig, run_generate)
-
-`run_generate` gets a GenerateConfig built from the composed config; every value checked.
-
-Hydra composes conf/ once, through @hydra.main, and runs a sweep (-m) with its own sweeper. One
-place, run_or_exit, ends a command: a bad override in one line naming the key and what is
-allowed there (from Hydra's and OmegaConf's exceptions and the dataclasses' own checks,
-tinylm.config), a full disk in one line, a signal with the shell's status.
+Each command module defines its options (a dataclass, the schema of conf/<command>.yaml) and a
+task; `command` makes the console entry point: Hydra composes conf/ once (@hydra.main, its own
+sweeper for -m), the options are built and checked (tinylm.config), the task runs. One place,
+run_or_exit, ends a command: a bad value in one line naming the key and what is allowed there, a
+full disk in one line, a signal with the shell's status.
 """
 
 from __future__ import annotations
@@ -38,11 +31,7 @@ import hydra
 from hydra.core.config_store import ConfigStore
 from hydra.core.hydra_config import HydraConfig
 from hydra.core.override_parser.overrides_parser import OverridesParser
-from hydra.errors import (
-    HydraException,
-    MissingConfigException,
-    OverrideParseException,
-)
+from hydra.errors import HydraException, MissingConfigException, OverrideParseException
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import (
     ConfigAttributeError,
@@ -67,14 +56,12 @@ def config_dir() -> Path:
     for candidate in (PACKAGE_DIR / "conf", PACKAGE_DIR.parent / "conf"):
         if (candidate / "config.yaml").is_file():
             return candidate
-    raise FileNotFoundError(
-        f"tinylm's configs were not found in {PACKAGE_DIR / 'conf'} or "
-        f"{PACKAGE_DIR.parent / 'conf'}; reinstall tinylm (pip install -e . from a checkout)")
+    raise FileNotFoundError(f"tinylm's configs were not found in {PACKAGE_DIR / 'conf'} or "
+                            f"{PACKAGE_DIR.parent / 'conf'}; reinstall tinylm (pip install -e .)")
 
 
 def run_schemas() -> dict[str, type]:
-    """The config groups of a training run as the YAML files name their schemas: model/schema
-    (conf/model/*.yaml) -> ModelConfig, data/schema -> DataConfig, ..."""
+    """A training run's config groups as the YAML files name their schemas: model/schema, ..."""
     return {f"{group}/{SCHEMA}": cls for group, cls in RunConfig.GROUPS.items()}
 
 
@@ -84,9 +71,7 @@ def run_schema() -> type:
 
 
 def register(schemas: dict[str, type]) -> None:
-    """Store schemas in Hydra's ConfigStore, where the YAML files' defaults lists find them:
-    a group's as `<group>/schema` (conf/model/*.yaml start from model/schema), a command's as
-    `<command>_schema`."""
+    """Store schemas in Hydra's ConfigStore, where the YAML files' defaults lists find them."""
     store = ConfigStore.instance()
     for name, cls in schemas.items():
         group, _, leaf = name.rpartition("/")
@@ -104,21 +89,15 @@ def command(prog: str, config_name: str, schema: type, run: Callable[[Any], Any]
             refused: Callable[[], None] | None = None, before: Callable[[], None] | None = None,
             intact: Ending | None = None, interrupted: Ending | None = None
             ) -> Callable[[], Any]:
-    """The console entry point of a command: compose conf/<config_name>.yaml with the command
-    line through @hydra.main, `build` the options from it and `run` them; run_or_exit ends it.
-
-    `schema` is the dataclass whose fields are the config's top-level keys: it names what is
-    allowed in an error, and `build` defaults to it. `schemas`: what the YAML files extend
-    (default: `schema` as `<config_name>_schema`); `groups`: the config groups chosen in the
-    defaults list that have no key of their own (experiment=...). A bad input (`errors`) ends
-    the command in one line; a bad config value calls `refused` first; `before` checks the
-    command line before Hydra reads it. `intact(when, options)` and `interrupted(err, options)`
-    say what a full disk or a signal left, where the command knows more than "run it again".
-    """
+    """The console entry point: compose conf/<config_name>.yaml with the command line, `build`
+    the options (default: the dataclass `schema`, whose fields are the top-level keys) and `run`
+    them. `schemas`: what the YAML files extend; `groups`: config groups without a key of their
+    own (experiment=...); `refused`: called on a bad config value; `before`: checks the command
+    line before Hydra reads it; `intact`, `interrupted`: see run_or_exit, given the options."""
     build = build or (lambda values: to_dataclass(schema, values, config_name))
     built: dict[str, Any] = {}  # the options of the job now running, for the last line
 
-    def ending(action: Callable[[], T]) -> T:  # the same ending, whatever raised
+    def ending(action: Callable[[], T]) -> T:
         return run_or_exit(
             prog, action, errors=errors, schema=schema, groups=groups,
             intact=intact and (lambda when: intact(when, built.get("options"))),
@@ -139,20 +118,23 @@ def command(prog: str, config_name: str, schema: type, run: Callable[[Any], Any]
         # ended here, inside the job: Hydra would print a line of its own over an exception
         return ending(lambda: start(cfg))
 
+    def compose() -> Any:
+        refuse_what_hydra_cannot_read(schema, groups)
+        if before is not None:
+            before()
+        return compose_and_run()
+
     def main() -> Any:
-        print_what_stdout_can()
+        if hasattr(sys.stdout, "reconfigure"):  # not where a caller put another stream there
+            # "?" for a character stdout cannot encode (Windows' code page for a redirected
+            # stdout lacks √ and ·), rather than stopping there
+            sys.stdout.reconfigure(errors="replace")
         STOP.install()  # from here a signal ends the command through run_or_exit
         register(schemas or {f"{config_name}_schema": schema})
         register_help(prog, config_name, schema, groups)
-        # Hydra prints its composition errors over several lines and exits, unless this
-        # documented switch asks it to raise them: then run_or_exit tells them in one line.
+        # Hydra's documented switch to raise its composition errors (else it prints them over
+        # several lines and exits): run_or_exit tells them in one line
         os.environ["HYDRA_FULL_ERROR"] = "1"
-
-        def compose() -> Any:
-            refuse_what_hydra_cannot_read(schema, groups)
-            if before is not None:
-                before()
-            return compose_and_run()
         return ending(compose)  # the command line, Hydra's composition, a sweep's check
     return main
 
@@ -161,16 +143,13 @@ def run_or_exit(prog: str, action: Callable[[], T], errors: tuple[type[Exception
                 intact: Callable[[str], str] | None = None,
                 interrupted: Callable[[BaseException], str] | None = None,
                 schema: type | None = None, groups: tuple[str, ...] = ()) -> T:
-    """Run `action`; end the command in one line `<prog>: error: ...`, never a traceback: a bad
-    input (`errors`), a value Hydra or OmegaConf refused (one_line, in `schema`'s words).
+    """Run `action`; end the command in one line `<prog>: error: ...`, never a traceback.
 
-    A write the disk refused (a full disk) is one line too: what could not be written where, the
-    free space, and then `intact(when)`: what is still intact and the command that continues
-    `when` (e.g. "once there is room"); by default, the same command again.
-
-    Ctrl-C exits with 130 and SIGTERM with 143 (128 + the signal), as a shell reports a process
-    the signal ended: a script running the command sees that it was stopped, not that it failed.
-    `interrupted(err)` says what the stop left (default: "interrupted"; "": nothing to say).
+    A write the disk refused says what could not be written where, then `intact(when)`: what is
+    still intact and the command that continues `when` (default: the same command again).
+    Ctrl-C exits 130 and SIGTERM 143, as a shell reports a process the signal ended (a script
+    sees it was stopped, not that it failed), after the line `interrupted(err)` (default
+    "interrupted"; "": nothing to say).
     """
     try:
         return action()
@@ -199,10 +178,14 @@ def same_command_again(prog: str) -> Callable[[str], str]:
 
 
 def shell_word(key: str, value: str, quoted: bool = False) -> str:
-    """The override `key=value` as one word to paste into a shell, that Hydra reads back as
-    `value`: the value bare where Hydra reads it so (runs/x) unless `quoted`, else in Hydra's
-    double quotes; then the word in the shell's quotes where it needs them (runs/my run)."""
-    if quoted or not hydra_reads(value):
+    """The override `key=value` as one shell word that Hydra reads back as the string `value`:
+    bare where Hydra reads it so (runs/x) unless `quoted`, else in Hydra's double quotes."""
+    if not quoted:  # does Hydra read the value bare as this string (not a number, a sweep)?
+        try:
+            quoted = OverridesParser.create().parse_override(f"key={value}").value() != value
+        except HydraException:
+            quoted = True
+    if quoted:
         # inside Hydra's quotes a quote is escaped, and so is a backslash before a quote or the end
         escaped = re.sub(r'(\\*)("|\Z)', lambda m: m[1] * 2 + ("\\" + m[2] if m[2] else ""),
                          value)
@@ -210,29 +193,13 @@ def shell_word(key: str, value: str, quoted: bool = False) -> str:
     return shlex.quote(f"{key}={value}")
 
 
-def hydra_reads(value: str) -> bool:
-    """Whether Hydra's override grammar reads `key=value` as the string `value`: not as a
-    number, a bool, a list or a sweep (a comma), nor refuses it (an apostrophe)."""
-    try:
-        return OverridesParser.create().parse_override(f"key={value}").value() == value
-    except HydraException:
-        return False
-
-
-def print_what_stdout_can() -> None:
-    """Print "?" for a character stdout's encoding has no code for, instead of stopping there
-    (Windows encodes redirected output in its ANSI code page, which lacks √, · and U+FFFD)."""
-    if hasattr(sys.stdout, "reconfigure"):  # not where a caller put another stream in its place
-        sys.stdout.reconfigure(errors="replace")
-
-
 # -------------------------------------------------------------------------- bad input, one line
 
 
 def refuse_what_hydra_cannot_read(schema: type, groups: tuple[str, ...]) -> None:
-    """Options are key=value, each one word to the shell. `--checkpoint RUN` (which Hydra's
-    parser refuses with its usage lines) and a value's words left unquoted (`prompt=Once upon a
-    time`, where Hydra names only "upon") are refused with the override to paste."""
+    """Refuse `--checkpoint RUN` (Hydra's parser answers with its usage lines) and a value's
+    words left unquoted (`prompt=Once upon a time`: Hydra names only "upon") with the override
+    to paste."""
     args = sys.argv[1:]
     for i, arg in enumerate(args):
         key, equals, value = arg.lstrip("-").partition("=")
@@ -255,15 +222,14 @@ def pasted(key: str, value: str) -> str:
     """key=value as typed, quoted for the shell; in Hydra's quotes too where Hydra needs them."""
     try:
         OverridesParser.create().parse_override(f"{key}={value}")
-        return shlex.quote(f"{key}={value}")
     except HydraException:
         return shell_word(key, value, quoted=True)
+    return shlex.quote(f"{key}={value}")
 
 
 def check_overrides(schema: type, overrides: list[str]) -> None:
-    """What OmegaConf lets through from the command line: a bool given as no, off or 1 (which it
-    reads as a bool) is held to tinylm.config.flag's rule, as Hydra reads the value; a group's
-    schema chosen as an option is refused (refuse_schema_choice)."""
+    """Hold a bool given as no, off or 1 (which OmegaConf reads as a bool) to
+    tinylm.config.flag's rule, and refuse a group's schema chosen as an option."""
     for override in OverridesParser.create().parse_overrides(overrides):
         if field_type(schema, override.key_or_group) is bool and not override.is_delete():
             flag(override.key_or_group, override.value())
@@ -271,8 +237,7 @@ def check_overrides(schema: type, overrides: list[str]) -> None:
 
 
 def refuse_schema_choice(overrides: list[str]) -> None:
-    """Refuse group=schema: a group's schema is stored as its option `schema` for its files to
-    extend (conf/model/*.yaml start from model/schema), but it is none of the group's choices."""
+    """Refuse group=schema: stored as an option for the group's files to extend, not a choice."""
     for override in overrides:
         group, choice = key_and_value(override)
         if choice == SCHEMA and f"{group}/{SCHEMA}" in run_schemas():
@@ -336,13 +301,13 @@ def one_line(err: Exception, schema: type, groups: tuple[str, ...] = ()) -> str:
                 dataclasses.is_dataclass(field_type(schema, k)) for k in keys) else "config key"
             return f"unknown {kind} {key}{where}; allowed: {', '.join([*keys, *groups])}"
     if isinstance(err, OverrideParseException):
+        if "=" not in (err.override or "="):
+            return f"{err.override}: options are key=value; --help lists them"
         key, value = key_and_value(err.override or "")
         if len(value) > 1 and value[0] == value[-1] and value[0] in "'\"":
             value = value[1:-1]  # quoted once for Hydra, where a quote inside ended it
         quote = f"; quote the value if it holds spaces or symbols: " \
                 f"{shell_word(key, value, quoted=True)}" if value else ""
-        if "=" not in (err.override or "="):  # a word alone: options are key=value
-            return f"{err.override}: options are key=value; --help lists them"
         return f"{err.override}: {err.message.splitlines()[0]}{quote}"
     ambiguous = re.match(r"Ambiguous value for argument '(.*)'", str(err))
     if ambiguous:  # a comma in a value: Hydra's sweep key=a,b, run without --multirun
@@ -369,14 +334,10 @@ def type_rule(owner: Any, key: Any) -> str:
     return rule + ", or null" if type(None) in options else rule
 
 
-# ------------------------------------------------------------------------------------- --help
-
-
 def register_help(prog: str, config_name: str, schema: type, groups: tuple[str, ...]) -> None:
-    """Give Hydra's help template, conf/hydra/help/tinylm.yaml (every option as composed, with
-    the command line: Hydra's $CONFIG), this command's parts, ${tinylm.help:<part>}: its name,
-    what it does and its examples (the comment that opens conf/<config_name>.yaml: its first
-    line, and its lines `#   <prog> ...`), and each config group's choice with its options."""
+    """Fill in ${tinylm.help:<part>} of conf/hydra/help/tinylm.yaml: the command's name, what it
+    does and its examples (the opening comment of conf/<config_name>.yaml: its first line, and
+    its lines `#   <prog> ...`), and each config group's choice with its options."""
     def part(name: str, _root_: DictConfig) -> str:
         lines = (config_dir() / f"{config_name}.yaml").read_text(encoding="utf-8").splitlines()
         comment = [line[1:] for line in itertools.takewhile(lambda x: x[:1] == "#", lines)]

@@ -1,9 +1,5 @@
-"""tinylm-bench: time tinylm beside torch's nn.MultiheadAttention and a Hugging Face GPT-2.
-
-    tinylm-bench                    # every section: tables on stdout, JSON in runs/bench/
-    tinylm-bench section=generate repeats=9 out=generate.json
-    (options: conf/bench.yaml; docs/benchmarks.md; the peers: pip install -e ".[bench]")
-"""
+"""tinylm-bench: time tinylm beside torch's nn.MultiheadAttention and a Hugging Face GPT-2
+(examples in conf/bench.yaml; docs/benchmarks.md; the peers: pip install -e ".[bench]")."""
 
 from __future__ import annotations
 

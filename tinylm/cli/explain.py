@@ -1,16 +1,6 @@
-"""tinylm-explain: attention step by step, computed by tinylm's own attention code.
-
-    tinylm-explain                                   # the worked example of docs/attention.md
-    tinylm-explain causal=true                       # ... with the causal mask
-    tinylm-explain 'q=[[1,0],[0,1]]' 'v=[[1,2],[3,4]]'   # your own Q and V (K = Q unless given)
-    tinylm-explain qkv_file=qkv.yaml                 # q, k, v (lists of rows) from JSON or YAML
-    tinylm-explain n_head=2                          # split into heads, concatenate, project
-    tinylm-explain checkpoint=runs/x 'text="Lily saw a cat. She"' layer=1 head=0 query=She
-    tinylm-explain png=attention.png logdir=runs/explain   # the steps as heatmaps too
-
-The command reads Q, K, V (from the command line or qkv_file), picks the mode, prints the
-walkthrough that tinylm.inspection.walkthrough writes and draws its figures.
-"""
+"""tinylm-explain: attention step by step, computed by tinylm's own attention code (examples in
+conf/explain.yaml). It reads Q, K, V (command line or qkv_file), picks the mode, prints the
+walkthrough of tinylm.inspection.walkthrough and draws its figures."""
 
 from __future__ import annotations
 
@@ -21,7 +11,6 @@ import sys
 from collections.abc import Sequence
 from contextlib import nullcontext
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -29,10 +18,10 @@ import torch
 from tinylm.checkpoint_configs import yaml_in  # JSON is YAML: one reader serves both
 from tinylm.cli import command
 from tinylm.cli.loading import load_for_command
-from tinylm.cli.sizes import refuse_qkv_file, refuse_unprintable
+from tinylm.cli.sizes import QKV_FILE_BYTES, read_if_held, refuse_unprintable
 from tinylm.config import ConfigError, at_least, bad, check
 from tinylm.device import check_threads_setting
-from tinylm.files import published_atomically, read_regular_file
+from tinylm.files import published_atomically
 from tinylm.inspection.walkthrough import (
     Explanation,
     explain_given_multi_head,
@@ -95,9 +84,6 @@ class ExplainConfig:
                                   '\'text="Lily saw a cat. She"\'')
 
 
-# ----------------------------------------------------------------------------- the input
-
-
 def to_matrix(name: str, value: Any) -> torch.Tensor:
     """A list of rows of numbers (or one flat row) -> float tensor (rows, cols); clear errors."""
     example = f"e.g. {name}=[[1,0],[0,1]]"
@@ -110,7 +96,6 @@ def to_matrix(name: str, value: Any) -> torch.Tensor:
         value = [value]  # one flat row: a single query, key or value
     elif not all(nested):
         raise ValueError(f"{name} mixes rows and single numbers: {list(value)!r} ({example})")
-    rows = []
     for i, row in enumerate(value):
         if len(row) != len(value[0]):
             raise ValueError(f"{name} is ragged: row 0 has {len(value[0])} numbers but row {i} "
@@ -126,18 +111,15 @@ def to_matrix(name: str, value: Any) -> torch.Tensor:
                 shown = repr(x) if isinstance(x, float) else f"about 1e{int(math.log10(abs(x)))}"
                 raise ValueError(f"{name}[{i}][{j}] = {shown} does not fit in float32: entries "
                                  f"must be at most {FLOAT32_MAX:.8g} in magnitude")
-        rows.append([float(x) for x in row])
-    if len(rows[0]) == 0:
+    if len(value[0]) == 0:
         raise ValueError(f"{name} has rows of 0 numbers ({example})")
-    return torch.tensor(rows)
+    return torch.tensor([[float(x) for x in row] for row in value])
 
 
 def read_qkv_file(path: str) -> dict[str, Any]:
     """Read a JSON or YAML file that maps some of q, k, v, x to lists of rows."""
-    file = Path(path)
-    size = file.stat().st_size if file.is_file() else 0  # others: refused below, unread
-    refuse_qkv_file(path, size)  # before a byte is read: parsing it must fit in memory
-    raw = read_regular_file(file, size, "qkv_file")
+    raw = read_if_held("qkv_file", path, QKV_FILE_BYTES,
+                       f"reading it holds about {QKV_FILE_BYTES} bytes per byte")
     try:
         data = yaml_in(raw)
     except ValueError as err:
@@ -152,57 +134,39 @@ def read_qkv_file(path: str) -> dict[str, Any]:
     return data
 
 
-def _matrix(given: dict, name: str) -> torch.Tensor | None:
-    """given[name] as a matrix (rows, cols); None when it is not given."""
-    return None if given.get(name) is None else to_matrix(name, given[name])
-
-
-# ----------------------------------------------------------------------------- the modes
-
-
-def _explain_multi_head(cfg: ExplainConfig, given: dict) -> Explanation:
-    """n_head mode, on the x that `given` holds; q, k, v and query belong to the other modes."""
-    unused = [name for name in ("q", "k", "v") if given.get(name) is not None]
-    if unused:
-        raise ValueError(f"n_head mode projects Q, K, V from x; give x=[[...]] instead of "
-                         f"{', '.join(unused)}")
-    if cfg.query is not None:
-        raise ValueError("query picks the row to follow in the single-head and checkpoint modes; "
-                         "n_head mode shows every row")
-    return explain_given_multi_head(cfg.n_head, _matrix(given, "x"), cfg.d_model, cfg.seed,
-                                    cfg.digits, printable=refuse_unprintable)
-
-
-def _explain_qkv(cfg: ExplainConfig, given: dict) -> Explanation:
-    """Single-head mode, on the q, k, v that `given` holds; x and d_model belong to n_head mode."""
-    if given.get("x") is not None or cfg.d_model is not None:
-        raise ValueError("x and d_model are for multi-head mode; add n_head=<heads>")
-    if given.get("q") is None and (given.get("k") is not None or given.get("v") is not None):
-        raise ValueError("k or v were given without q; give q too")
-    q, k, v = (_matrix(given, name) for name in ("q", "k", "v"))
-    return explain_given_qkv(q, k, v, cfg.causal, cfg.query, cfg.digits,
-                             printable=refuse_unprintable)
-
-
 def explain(cfg: ExplainConfig) -> str:
-    """The walkthrough cfg asks for, as text; writes the figures when png/logdir are set."""
+    """The walkthrough cfg asks for, as text: one head of a trained model, n_head mode on x, or
+    one head on the given (or the example's) q, k, v; writes the figures when png/logdir are set."""
     given = read_qkv_file(cfg.qkv_file) if cfg.qkv_file else {
         "q": cfg.q, "k": cfg.k, "v": cfg.v, "x": cfg.x}
-    if cfg.checkpoint is not None:  # one head of a trained model on cfg.text
+
+    def matrix(name: str) -> torch.Tensor | None:
+        return None if given.get(name) is None else to_matrix(name, given[name])
+
+    if cfg.checkpoint is not None:
         ckpt = load_for_command(cfg.checkpoint, threads=cfg.threads).checkpoint
         result = explain_model_head(ckpt.model, ckpt.tokenizer, cfg.text, cfg.layer, cfg.head,
                                     cfg.query, cfg.top, cfg.digits, source=str(ckpt.directory))
     elif cfg.n_head is not None:
-        result = _explain_multi_head(cfg, given)
+        unused = [name for name in ("q", "k", "v") if given.get(name) is not None]
+        if unused:
+            raise ValueError(f"n_head mode projects Q, K, V from x; give x=[[...]] instead of "
+                             f"{', '.join(unused)}")
+        if cfg.query is not None:
+            raise ValueError("query picks the row to follow in the single-head and checkpoint "
+                             "modes; n_head mode shows every row")
+        result = explain_given_multi_head(cfg.n_head, matrix("x"), cfg.d_model, cfg.seed,
+                                          cfg.digits, printable=refuse_unprintable)
+    elif given.get("x") is not None or cfg.d_model is not None:
+        raise ValueError("x and d_model are for multi-head mode; add n_head=<heads>")
+    elif given.get("q") is None and (given.get("k") is not None or given.get("v") is not None):
+        raise ValueError("k or v were given without q; give q too")
     else:
-        result = _explain_qkv(cfg, given)
-    text = result.text
+        result = explain_given_qkv(matrix("q"), matrix("k"), matrix("v"), cfg.causal,
+                                   cfg.query, cfg.digits, printable=refuse_unprintable)
     if cfg.png or cfg.logdir:
-        text += "\n\n" + "\n".join(write_figures(result, cfg.png, cfg.logdir))
-    return text
-
-
-# ----------------------------------------------------------------------------- the command
+        return result.text + "\n\n" + "\n".join(write_figures(result, cfg.png, cfg.logdir))
+    return result.text
 
 
 def write_figures(explanation: Explanation, png: str | None, logdir: str | None) -> list[str]:

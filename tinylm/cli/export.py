@@ -1,14 +1,5 @@
 """tinylm-export: a tinylm run as a Hugging Face GPT-2 folder, which transformers loads without
-tinylm (and so TransformerLens, bertviz or the hub).
-
-    tinylm-export checkpoint=<run dir> out=exported/my-run
-    python -c "import transformers as t; t.AutoModelForCausalLM.from_pretrained('exported/my-run')"
-    (options: conf/export.yaml; the format: tinylm/pretrained/gpt2.py's export_gpt2)
-
-Writes config.json, model.safetensors, tokenizer.json and tokenizer_config.json into `out`, all
-once everything is converted, each file whole (a full disk leaves `out` as it was). `out` is a
-new or empty folder outside any tinylm run: anything else is refused before the work.
-"""
+tinylm (examples in conf/export.yaml; the format: tinylm/pretrained/gpt2.py's export_gpt2)."""
 
 from __future__ import annotations
 
@@ -18,7 +9,7 @@ from pathlib import Path
 
 from tinylm.checkpoint import CHECKPOINTS_DIR, MODEL_CONFIG_FILE
 from tinylm.cli import command
-from tinylm.cli.loading import checkpoint_required, load_for_command
+from tinylm.cli.loading import load_for_command
 from tinylm.config import check, choice
 from tinylm.files import nearest_folder, published_atomically
 from tinylm.pretrained import export_gpt2
@@ -37,11 +28,9 @@ class ExportConfig:
 
 
 def refuse_out(folder: Path, value: str) -> None:
-    """Refuse, in one line and before anything is read or written, an `out` that would mix the
-    export with other files: a tinylm run or checkpoint, or inside one (the export's
-    model.safetensors would replace the checkpoint's, its config.json make the run read as a
-    Hugging Face folder), or a folder that already holds files (an old tokenizer.json or
-    pytorch_model.bin left beside the new files is read with them)."""
+    """Refuse an `out` that would mix the export with other files, before any work: a tinylm run
+    or checkpoint, or inside one (its model.safetensors and config.json would be replaced), or a
+    folder that holds files (an old tokenizer.json left beside the export is read with it)."""
     place = folder.resolve()  # through links too: a link into a run is that run
     for above in [place, *place.parents]:
         if (above / MODEL_CONFIG_FILE).is_file():
@@ -61,10 +50,8 @@ def refuse_out(folder: Path, value: str) -> None:
 
 
 def run_export(cfg: ExportConfig, out=None) -> Path:
-    """Load the checkpoint, write it as GPT-2 into cfg.out, say where and what works there."""
+    """Write the checkpoint as GPT-2 into cfg.out, all at once, each file whole."""
     out = out or sys.stdout
-    if not cfg.checkpoint:
-        raise ValueError(checkpoint_required())
     if not cfg.out:
         raise ValueError("checkpoint= and out= are required: tinylm-export checkpoint=<run dir> "
                          "out=<folder to write>")

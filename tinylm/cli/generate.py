@@ -1,12 +1,5 @@
-"""tinylm-generate: sample text from a checkpoint, streamed; inspect=true adds attention maps.
-
-    tinylm-generate checkpoint=<run dir> prompt="Once upon a time" max_new_tokens=100
-    tinylm-generate checkpoint=<run dir> prompt="Lily and Tom went to the park. She" inspect=true
-    (options: conf/generate.yaml)
-
-In code: `run_generate(GenerateConfig(...))` loads, encodes, streams and inspects, as the command
-does; the sampling itself is tinylm/generate.py.
-"""
+"""tinylm-generate: sample text from a checkpoint, streamed; inspect=true adds attention maps
+(examples in conf/generate.yaml; the sampling itself is tinylm/generate.py)."""
 
 from __future__ import annotations
 
@@ -14,18 +7,15 @@ import shlex
 import sys
 import time
 from dataclasses import asdict, dataclass
-from pathlib import Path
 from typing import Any
 
 import torch
 
 from tinylm.cli import command
-from tinylm.cli.loading import load_for_command
-from tinylm.cli.report_dirs import report_dir
-from tinylm.cli.sizes import refuse_prompt_file, refuse_samples
+from tinylm.cli.loading import load_for_command, report_dir
+from tinylm.cli.sizes import PROMPT_BYTES, read_if_held, refuse_samples
 from tinylm.config import ConfigError, at_least, bad, check, choice, number, within
 from tinylm.device import check_threads_setting
-from tinylm.files import read_regular_file
 from tinylm.generate import MIN_TEMPERATURE, StreamDecoder, encode_prompt, generate
 
 
@@ -74,35 +64,28 @@ class GenerateConfig:
 
 
 def _read_prompt(cfg: GenerateConfig, tokenizer) -> str:
-    """The prompt: prompt=, or the UTF-8 text of prompt_file= (a regular file; anything else is
-    refused in one line), without the line break that ends its last line."""
+    """prompt=, or the UTF-8 text of prompt_file= without the line break that ends its last
+    line (an editor adds one: the text goes on after "She", not on a new line)."""
     if not cfg.prompt_file:
         return cfg.prompt
-    path = Path(cfg.prompt_file)
-    size = path.stat().st_size if path.is_file() else 0  # others: refused below, unread
-    refuse_prompt_file(str(path), size)  # before a byte is read: reading it must fit in memory
-    data = read_regular_file(path, size, "prompt_file")  # one that grows meanwhile stops there
+    data = read_if_held("prompt_file", cfg.prompt_file, PROMPT_BYTES, "reading and tokenizing a "
+                        f"prompt holds about {PROMPT_BYTES} bytes per byte of it")
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as err:
-        raise ValueError(f"prompt_file {path} is not UTF-8 text (byte {err.start}: "
+        raise ValueError(f"prompt_file {cfg.prompt_file} is not UTF-8 text (byte {err.start}: "
                          f"{err.reason})") from None
-    # newlines as read_text gives them; an editor ends the last line with one, which is no part
-    # of the prompt: the text goes on after "She", not on a new line
     text = text.replace("\r\n", "\n").replace("\r", "\n").removesuffix("\n")
     if not text:
         start = "".join(tokenizer.token_strings(encode_prompt(tokenizer, "", 1)[0]))
-        print(f"note: prompt_file={path} is empty: starting from {start}, a fresh story",
-              file=sys.stderr)
+        print(f"note: prompt_file={cfg.prompt_file} is empty: starting from {start}, a fresh "
+              "story", file=sys.stderr)
     return text
 
 
 def run_generate(cfg: GenerateConfig, out=None) -> list[str]:
-    """Load the checkpoint, stream num_samples continuations to `out`, optionally inspect them.
-
-    Returns the generated texts (without the prompt). Notes on loading and speed go to stderr; the
-    text, and with inspect=true the inspection's summary and where it went, to `out` (stdout).
-    """
+    """Stream num_samples continuations of the prompt to `out` (stdout), with inspect=true the
+    inspection's summary too; notes go to stderr. Returns the texts, without the prompt."""
     out = out or sys.stdout
     loaded = load_for_command(cfg.checkpoint, cfg.device, cfg.prefer, cfg.threads)
     ckpt, device = loaded.checkpoint, loaded.device

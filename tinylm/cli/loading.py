@@ -1,19 +1,26 @@
-"""How the commands that read a checkpoint (generate, probe, explain, export) load it: the
-checkpoint or hf:<id>, on the device asked for, with torch's threads chosen beside it
-(tinylm.device), and the start-up line."""
+"""What the commands that read a checkpoint (generate, probe, explain, export) share: loading it
+(or hf:<id>) on the device asked for, with torch's threads chosen beside it (tinylm.device), and
+the folder a report goes to."""
 
 from __future__ import annotations
 
 import os
 import shlex
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 from hydra.core.hydra_config import HydraConfig
 
-from tinylm.checkpoint import CHECKPOINTS_DIR, Checkpoint, load_checkpoint, tagged_checkpoint
+from tinylm.checkpoint import (
+    CHECKPOINTS_DIR,
+    Checkpoint,
+    default_logdir,
+    load_checkpoint,
+    tagged_checkpoint,
+)
 from tinylm.cli import key_and_value, shell_word
 from tinylm.device import ThreadChoice, apply_threads, resolve_device, start_sample
 
@@ -35,7 +42,7 @@ class Loaded:
 def load_for_command(checkpoint: str | None, device: str = "cpu", prefer: str = "best",
                      threads: int | str = "auto") -> Loaded:
     """Load `checkpoint` (a run directory, one checkpoint directory, or hf:<id>) onto `device`,
-    then give torch `threads`: a command's `threads=` (export has none: auto)."""
+    then give torch `threads`."""
     if not checkpoint:
         raise ValueError(checkpoint_required())
     # threads=auto watches the cores while the checkpoint loads, and leaves those busy elsewhere
@@ -46,8 +53,8 @@ def load_for_command(checkpoint: str | None, device: str = "cpu", prefer: str = 
 
 
 def checkpoint_required() -> str:
-    """What a command says when checkpoint= is missing: train a run first, and the command to
-    paste for the newest run under runs/ here, if there is one."""
+    """What a command says when checkpoint= is missing, with the command for the newest run
+    under runs/ here, if there is one."""
     said = "checkpoint= is required: a run directory or a checkpoint directory; train one " \
            "first with tinylm-train"
     run = newest_run(Path("runs"))
@@ -73,3 +80,26 @@ def newest_run(runs: Path) -> Path | None:
             if written > when:
                 newest, when = checkpoints.parent, written
     return newest
+
+
+def report_dir(logdir: str | None, checkpoint_dir: Path, kind: str) -> tuple[Path, str]:
+    """(the folder for a report of `kind`, a note for stderr or ""): logdir=, by default
+    <run dir>/<kind>/<timestamp>; never one holding a report already (the attention tab would
+    mix the two), but a new folder beside it, or in logdir= (TensorBoard shows it as a run)."""
+    def free(folder: Path) -> bool:  # a file there is left for the writer to name
+        return not folder.is_dir() or not any(folder.iterdir())
+
+    def unused(parent: Path, name: str) -> Path:  # parent/name, or parent/name-2, name-3, ...
+        n = 1
+        while not free(chosen := parent / (name if n == 1 else f"{name}-{n}")):
+            n += 1
+        return chosen
+
+    if logdir is None:
+        default = default_logdir(checkpoint_dir, kind)
+        return unused(default.parent, default.name), ""  # two in one second: <timestamp>-2
+    if free(Path(logdir)):
+        return Path(logdir), ""
+    chosen = unused(Path(logdir), time.strftime("%Y-%m-%d_%H-%M-%S"))
+    return chosen, (f"note: logdir={logdir} holds an earlier report; this one goes to {chosen}, "
+                    "a run of its own beside it")

@@ -1,12 +1,6 @@
-"""tinylm-prepare: tokenize a corpus once into data/<corpus>-<tokenizer>/ (reused while current).
-
-    tinylm-prepare                                        # TinyStories sample, byte-level BPE
-    tinylm-prepare data=tinyshakespeare tokenizer=char
-    tinylm-prepare data=text 'data.files=[notes/*.txt]' tokenizer.vocab_size=1024
-    python scripts/prepare.py data=tinystories            # the same
-    (options: conf/data/*.yaml, conf/tokenizer/*.yaml; conf/prepare.yaml composes conf/config.yaml
-    like training, and writes no run directory)
-"""
+"""tinylm-prepare: tokenize a corpus once into data/<corpus>-<tokenizer>/, reused while current.
+It composes the training config (conf/prepare.yaml extends conf/config.yaml; examples there), so a
+run's command line prepares the very data that run reads, and writes no run directory."""
 
 from __future__ import annotations
 
@@ -28,8 +22,8 @@ def configs(values: dict) -> tuple[DataConfig, TokenizerConfig]:
 
 
 def cache_intact(when: str, built: tuple[DataConfig, TokenizerConfig] | None) -> str:
-    """What a prepare that the disk refused says: the cache it would have replaced is as it
-    was, and the commands that continue, on this disk or on another."""
+    """After a write the disk refused: the cache is as it was; the commands that continue, on this
+    disk or on another."""
     cache = cache_path(*built) if built else None
     before = "" if cache is None else \
         f"{cache}/ is as it was, and " if cache.is_dir() else f"{cache}/ was not made, and "

@@ -1,21 +1,10 @@
 """tinylm-probe: score attention heads on pronoun probes, pronoun agreement, head ablation,
-activation patching across counterfactual pairs.
-
-    tinylm-probe checkpoint=<run dir>                       # data/probes/pronouns + agreement
-    tinylm-probe checkpoint=<run dir> probe_file=data/probes/agreement.jsonl ablate=true
-    tinylm-probe checkpoint=<run dir> ablate=mean patch=true
-    (options: conf/probe.yaml; the scores and the file format: tinylm/inspection/)
-
-Output: a console summary; a JSON report (`out`, default <logdir>/probe.json): probe()'s
-report plus `checkpoint`, `probe_files` and `logdir`; layer x head heatmaps in TensorBoard
-(`logdir`, default <run dir>/probe/<timestamp>) and as PNG, and the attention tab's accuracy grid.
-Nothing is written until everything is computed; then every file arrives whole, or (a full disk)
-none does.
-"""
+activation patching across counterfactual pairs (examples in conf/probe.yaml; the scores and the
+file format: tinylm/inspection/). Writes probe.json (probe()'s report with `checkpoint`,
+`probe_files` and `logdir`) and the heatmaps, once everything is computed, all whole or none."""
 
 from __future__ import annotations
 
-import json
 import shlex
 import sys
 import time
@@ -24,8 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from tinylm.cli import command
-from tinylm.cli.loading import load_for_command
-from tinylm.cli.report_dirs import report_dir
+from tinylm.cli.loading import load_for_command, report_dir
 from tinylm.cli.sizes import refuse_batch
 from tinylm.config import ConfigError, at_least, check, choice
 from tinylm.device import check_threads_setting
@@ -43,8 +31,8 @@ class ProbeConfig:
     """Options of tinylm-probe; the schema of conf/probe.yaml (defaults: here only)."""
 
     checkpoint: str | None = None  # a run directory, its checkpoints/, or one checkpoint directory
-    # Any: OmegaConf has no "str or list"
-    probe_file: Any = None  # JSONL file(s); None: the shipped data/probes/ sets
+    probe_file: Any = None  # JSONL file(s); None: the shipped data/probes/ sets (Any: OmegaConf
+    #                         has no "str or list")
     out: str | None = None  # the JSON report; None: <logdir>/probe.json
     logdir: str | None = None  # TensorBoard heatmaps; None: <run dir>/probe/<timestamp>;
     #                            one holding an earlier report: a new <timestamp> folder in it
@@ -72,17 +60,8 @@ class ProbeConfig:
               patch=choice(False, True, "fast"))
 
 
-def patched_texts(model, tokenizer, patching: Patching | None) -> dict:
-    """The attention over the first pairs' clean texts (up to the pronoun), for the tab to show
-    beside their patching: name -> AttentionCapture."""
-    pairs = patching.result.pairs[:PAIRS_SHOWN] if patching and patching.result else []
-    return {f"patching/pair_{i:03d}": capture_attention(
-                model, tokenizer, tokenizer.decode(p.clean_ids + list(p.target_ids[:1])))
-            for i, p in enumerate(pairs)}
-
-
 def run_probe(cfg: ProbeConfig, out=None) -> dict:
-    """Load checkpoint and probe files, score, print the summary, write JSON and TensorBoard;
+    """Score the checkpoint's heads on the probe files, print the summary, write the report;
     returns probe.json's content."""
     out = out or sys.stdout
     if cfg.out and Path(cfg.out).is_dir():  # refused before the work, not when writing it
@@ -125,13 +104,14 @@ def run_probe(cfg: ProbeConfig, out=None) -> dict:
     groups = kv_groups(c.n_head, kv_heads(model))
     if groups:  # the heads of a group attend with the same keys: say which they are
         console = [groups, *console]
-    texts = patched_texts(model, ckpt.tokenizer, patching)
+    # the attention over the first pairs' clean texts, up to the pronoun, beside their patching
+    pairs = patching.result.pairs[:PAIRS_SHOWN] if patching and patching.result else []
+    texts = {f"patching/pair_{i:03d}": capture_attention(
+        model, ckpt.tokenizer, ckpt.tokenizer.decode(p.clean_ids + list(p.target_ids[:1])))
+        for i, p in enumerate(pairs)}
     with published_atomically(logdir) as folder:
         write_probe_figures(report, folder, console, texts)
-        if cfg.out:
-            write_json_atomic(json_path, written)
-        else:
-            (folder / json_path.name).write_text(json.dumps(written, indent=2) + "\n")
+        write_json_atomic(json_path if cfg.out else folder / json_path.name, written)
     for line in console:
         print(line, file=out)
     print(f"[{seconds:.1f}s] report: {json_path}\nheatmaps: tensorboard --logdir "

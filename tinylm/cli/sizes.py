@@ -1,42 +1,37 @@
-"""Sizes a command cannot hold: refused in one line before any work, naming the largest that fits.
-
-Each rule counts the bytes the work would hold from what the command is asked for (tokens to
-generate, numbers to print, sequences per batch, bytes of a file to read), with the per-item
-costs below measured by hand and rounded up, and compares them with the memory available now.
-"""
+"""Sizes a command cannot hold, refused in one line before any work, naming the largest that fits.
+Each rule counts the bytes the work would hold from what it is asked for, with per-item costs
+measured by hand and rounded up, against the memory available now."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 
 import psutil
 
+from tinylm.files import read_regular_file
 from tinylm.model import ModelConfig
 
-# What a sample holds per token until it is printed and returned: the id in the output buffer
-# (8 bytes), the token's text piece (a str in a list) and its characters in the sample's text.
-# Measured under 40 bytes with a byte-level BPE; counted 128, as a longer piece takes more.
+# A sample's token until printed: its id, its text piece (a str in a list) and its characters;
+# measured under 40 bytes with a byte-level BPE, counted 128 (a longer piece takes more)
 TOKEN_BYTES = 128
-# What inspecting one text holds, counted before it starts: per layer, head, query and key of the
-# window, the weights as float32 twice (the model's, the capture's) and as float64 four times
-# (the word-level readings): 40 bytes, counted 48. Per token of the whole text, its id,
-# character span, word and characters: about 310 bytes measured, counted 512.
+# Inspecting a text: per layer, head, query and key of the window, the weights as float32 twice
+# and float64 four times (40 bytes); per token of the text, its id, span, word and characters
+# (about 310 measured)
 ATTENTION_BYTES, TEXT_TOKEN_BYTES = 48, 512
-# Reading and tokenizing a prompt holds about 120 bytes per byte of it (measured: the text, its
-# ids and character spans); counted 256, for the tokenizer's own copy.
+# Per byte of a prompt read and tokenized: about 120 measured (text, ids, spans), and the
+# tokenizer's own copy
 PROMPT_BYTES = 256
-# What the walkthrough holds per number it prints: the number in each step and its text in a table
-# (a str in a list, its share of a line); counted 256 bytes. Reading a JSON or YAML file holds
-# about 200 bytes per byte of it (the parser's nodes, then the lists of numbers); counted 512.
+# Per number the walkthrough prints (in each step, and as text in a table); per byte of a JSON or
+# YAML file parsed (about 200 measured: the parser's nodes, then the lists of numbers)
 NUMBER_BYTES, QKV_FILE_BYTES = 256, 512
 
 
 def refuse_unless_held(key: str, value: object, n: int, held: Callable[[int], float], rule: str,
                        unit: str | None = None) -> None:
-    """Refuse `key=value` in one line, before any work, when the work would hold `held(n)` bytes
-    (n: the count the value sets; held grows with it) and they do not fit in the memory available
-    now. The line says `rule`, what the work holds, and the largest count that fits: as key=N,
-    or as N `unit`s when given."""
+    """Refuse `key=value` when the work would hold `held(n)` bytes (n: the count the value sets)
+    and they do not fit in the memory available now; the line says `rule` and the largest count
+    that fits, as key=N or, given `unit`, as N units."""
     available = psutil.virtual_memory().available
     if held(n) <= available:
         return
@@ -49,11 +44,18 @@ def refuse_unless_held(key: str, value: object, n: int, held: Callable[[int], fl
                      f"{available / 2**20:,.0f} MiB are available now; give {allowed}")
 
 
+def read_if_held(key: str, path: str, per_byte: int, rule: str) -> bytes:
+    """The bytes of the regular file `key`=`path`, refused before a byte is read where holding
+    `per_byte` bytes per byte of it (`rule` says why) does not fit in memory."""
+    size = Path(path).stat().st_size if Path(path).is_file() else 0  # others: refused unread
+    refuse_unless_held(key, path, size, lambda n: n * per_byte, rule, unit="bytes")
+    return read_regular_file(path, size, key)  # one that grows meanwhile stops there
+
+
 def refuse_samples(c: ModelConfig, n_prompt: int, max_new_tokens: int, num_samples: int,
                    inspect: bool) -> None:
     """Refuse max_new_tokens or num_samples when the samples of a prompt of n_prompt tokens, and
-    with inspect=true one text's inspection, cannot be held (key/value heads shared by query
-    heads are counted as n_embd wide: an upper bound)."""
+    with inspect=true one text's inspection, cannot be held (KV heads counted n_embd wide)."""
     def fixed(n: int) -> int:
         window = min(c.block_size, n_prompt + n + 1)  # the positions the KV cache is made for
         held = 2 * c.n_layer * window * c.n_embd * 4  # float32 keys and values
@@ -73,19 +75,6 @@ def refuse_samples(c: ModelConfig, n_prompt: int, max_new_tokens: int, num_sampl
                        f"holds about {tokens * TOKEN_BYTES:,} bytes")
 
 
-def refuse_prompt_file(shown: str, n_bytes: int) -> None:
-    """Refuse a prompt_file of n_bytes (so far) when reading and tokenizing it cannot be held."""
-    refuse_unless_held("prompt_file", shown, n_bytes, lambda n: n * PROMPT_BYTES,
-                       "reading and tokenizing a prompt holds about "
-                       f"{PROMPT_BYTES} bytes per byte of it", unit="bytes")
-
-
-def refuse_qkv_file(path: str, n_bytes: int) -> None:
-    """Refuse a qkv_file of n_bytes when parsing it cannot be held."""
-    refuse_unless_held("qkv_file", path, n_bytes, lambda n: n * QKV_FILE_BYTES,
-                       f"reading it holds about {QKV_FILE_BYTES} bytes per byte", unit="bytes")
-
-
 def refuse_unprintable(key: str, n: int, unit: str | None, numbers: Callable[[int], int]) -> None:
     """Refuse a walkthrough that prints numbers(n) numbers (n: the `unit`s of `key`, e.g. q's
     rows) when their tables cannot be held."""
@@ -97,9 +86,8 @@ def refuse_unprintable(key: str, n: int, unit: str | None, numbers: Callable[[in
 
 def refuse_batch(c: ModelConfig, batch_size: int, passes: list[list[list[int]]]) -> None:
     """Refuse batch_size when a forward pass over a batch of the longest sequences of `passes`
-    (each pass's sequences, as ids) cannot be held: per token its logits (float32) and
-    activations (about 16 numbers of width n_embd), and per pair of tokens every head's
-    attention, kept twice (the model's, stacked)."""
+    cannot be held: per token its logits and activations (about 16 numbers of width n_embd),
+    per pair of tokens every head's attention, kept twice (the model's, stacked)."""
     longest = max((len(s) for sequences in passes for s in sequences), default=0)
     each = 4 * longest * (c.vocab_size + 16 * c.n_embd + 2 * c.n_layer * c.n_head * longest)
     largest_pass = max(len(sequences) for sequences in passes)

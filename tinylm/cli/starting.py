@@ -1,10 +1,7 @@
-"""Imported first by every tinylm-* command, before torch and Hydra (their imports take the first
-second or two): Ctrl-C or SIGTERM meanwhile ends the command in one line with the shell's status
-(130, 143), not a KeyboardInterrupt traceback; nothing was written yet. The command's own
-handlers (tinylm.train.runtime.STOP) take over once it starts.
-
-Only where a command starts (its console script, python -m, scripts/): importing tinylm.cli
-elsewhere (a test, a notebook) leaves the signals alone.
+"""Imported first by every tinylm-* command, before torch and Hydra (a second or two of imports):
+Ctrl-C or SIGTERM meanwhile ends it in one line with the shell's status, not a traceback, until
+the command's own handlers (tinylm.train.runtime.STOP) take over. Only where a command starts (its
+console script, python -m, scripts/): a test or a notebook importing tinylm.cli keeps its signals.
 """
 
 import os

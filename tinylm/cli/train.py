@@ -1,12 +1,5 @@
-"""tinylm-train: train a model from the command line (Hydra over conf/config.yaml).
-
-    tinylm-train                                        # TinyStories sample, BPE, a few minutes
-    tinylm-train experiment=shakespeare_char            # nanoGPT's CPU Shakespeare settings
-    tinylm-train model.n_layer=2 train.max_steps=200 hydra.run.dir=runs/small
-    tinylm-train train.resume=true hydra.run.dir=runs/small
-    tinylm-train -m optim.lr=1e-3,3e-3                  # a sweep: one run directory each
-    torchrun --standalone --nproc_per_node=2 scripts/train.py train.max_steps=500
-    (options: conf/{model,data,tokenizer,optim,train,experiment}/*.yaml)
+"""tinylm-train: train a model from the command line (Hydra over conf/config.yaml; examples there).
+Under torchrun: torchrun --standalone --nproc_per_node=2 scripts/train.py train.max_steps=500
 """
 
 from __future__ import annotations
@@ -56,22 +49,19 @@ GROUPS = ("experiment",)  # the config groups without a key of their own
 SWEEP_RECORD = "multirun.yaml"  # what Hydra writes into a sweep's directory before its runs
 RECORD = ".hydra"  # a run's record (start_record): config.yaml, hydra.yaml, overrides.yaml
 RECORD_BYTES = 1 << 20  # a record file is a few KB
-# What a resume may give other values than the run was started with: how long and where it
-# runs and how often it logs and saves, not what it computes (train.max_steps rebuilds the
-# learning-rate schedule: resume.py)
+# What a resume may change: how long and where it runs, how often it logs and saves, not what it
+# computes (train.max_steps rebuilds the learning-rate schedule: resume.py)
 RESUME_MAY_CHANGE = ("train.max_steps", "train.threads", "train.device", "train.compile",
                      "train.log_interval", "train.checkpoint_interval")
 NOT_RECORDED = "not set"  # what the record holds for a key it has no value for
 PROMPT_WORDS = 4  # a data=text run samples from this many words of its corpus's first line
-# Whether the run directory named on the command line was there before this command: a run that
-# is refused removes only a directory it made.
+# Whether hydra.run.dir was there before this command: a refused run removes only what it made
 named_run_dir_existed = False
 
 
 def run_config(values: dict) -> RunConfig:
-    """Every dataclass of the run, checked, writing to Hydra's run directory (rank 0's under
-    torchrun): the run's own record for train.resume=true; a fresh data=text run samples from its
-    own corpus's opening words."""
+    """The run's config, checked, in Hydra's run directory (rank 0's under torchrun): the run's
+    own record for train.resume=true; a fresh data=text run samples from its corpus's opening."""
     hydra = HydraConfig.get()
     run_dir = shared_run_dir(hydra.runtime.output_dir)
     if values["train"]["resume"] is True:
@@ -88,8 +78,8 @@ def run_config(values: dict) -> RunConfig:
 
 
 def corpus_opening(cfg: RunConfig) -> str | None:
-    """The first words of the first non-empty line of a local corpus's first file (where its
-    training text starts); None if the files cannot be read (preparing the data says why)."""
+    """The first words of the first non-empty line of a local corpus's first file; None if it
+    cannot be read (preparing the data says why)."""
     root, why = data_root(cfg.data.data_root)
     try:
         first = resolve_files(root, cfg.data.files, cfg.data.name, why)[0]
@@ -102,13 +92,11 @@ def corpus_opening(cfg: RunConfig) -> str | None:
 
 
 def remove_new_run_dir(run_dir: str | Path) -> None:
-    """A run refused, failed before its first checkpoint, or stopped before it began, in a
-    directory this command made, leaves nothing behind: the directory goes, and so do the
-    parents left empty (runs/<date>/), up to the current directory. Rank 0 only: the directory
-    is every rank's. Ctrl-C, any number of times, never removes a run that has begun."""
+    """Remove a run directory this command made, with the parents left empty (runs/<date>/) up to
+    the current directory, unless it holds a checkpoint. Rank 0 only: it is every rank's."""
     run_dir, cwd = Path(run_dir).resolve(), Path.cwd().resolve()
     if int(os.environ.get("RANK", "0")) > 0 or run_dir == cwd or not run_dir.is_dir() or \
-            named_run_dir_existed or tagged_checkpoint(run_dir / CHECKPOINTS_DIR, "last"):
+            named_run_dir_existed or last_checkpoint(run_dir):
         return
     shutil.rmtree(run_dir, ignore_errors=True)
     for parent in run_dir.parents:
@@ -120,6 +108,10 @@ def remove_new_run_dir(run_dir: str | Path) -> None:
             parent.rmdir()
 
 
+def last_checkpoint(run_dir: str | Path) -> Path | None:
+    return tagged_checkpoint(Path(run_dir) / CHECKPOINTS_DIR, "last")
+
+
 class LogFile(logging.FileHandler):
     """<run dir>/train.log. A line the disk refuses ends the run in one line, as a checkpoint
     the disk refuses does (logging would print a traceback per line and go on)."""
@@ -129,11 +121,9 @@ class LogFile(logging.FileHandler):
 
 
 def start_record(cfg: RunConfig, held: logging.handlers.MemoryHandler) -> None:
-    """Once nothing can refuse the run any more, write its record: .hydra/ (the config, Hydra's
-    settings, the overrides) and train.log, which starts with the lines `held` kept since the
-    command began. A resume in place updates the config (train.max_steps, ...), adds what was
-    given now to the overrides the run was started with, and keeps Hydra's settings of its start.
-    """
+    """Once nothing can refuse the run, write .hydra/ and train.log (from the lines `held` kept).
+    A resume updates the config, adds what was given now to the run's overrides, and keeps
+    Hydra's settings of its start."""
     hydra, record = HydraConfig.get(), Path(cfg.run_dir) / RECORD
     overrides = list(hydra.overrides.task)
     if cfg.train.resume is True:
@@ -156,7 +146,7 @@ def start_record(cfg: RunConfig, held: logging.handlers.MemoryHandler) -> None:
 
 def what_is_intact(when: str, cfg: RunConfig | None) -> str:
     """After a write the disk refused: the checkpoint a resume starts from, and its command."""
-    last = tagged_checkpoint(Path(cfg.run_dir) / CHECKPOINTS_DIR, "last") if cfg else None
+    last = last_checkpoint(cfg.run_dir) if cfg else None
     if last is None:
         return same_command_again(PROG)(when)
     return (f"the last good checkpoint, {last}, is intact; {when}, continue with: "
@@ -164,8 +154,7 @@ def what_is_intact(when: str, cfg: RunConfig | None) -> str:
 
 
 def stopped(err: KeyboardInterrupt, cfg: RunConfig | None) -> str:
-    """What Ctrl-C or SIGTERM left: the checkpoint saved and the command that continues; after a
-    second signal, what was kept. The run folder stays, whatever it holds."""
+    """What Ctrl-C or SIGTERM left, and the command that continues. The run folder stays."""
     if isinstance(err, TrainingInterrupted):  # rank 0 says it, the one that saved
         return f"stopped by {signal.Signals(err.signum).name} at step {err.step}; saved " \
                f"{err.checkpoint}\ncontinue with:\n  {resume_command(cfg)}" \
@@ -173,7 +162,7 @@ def stopped(err: KeyboardInterrupt, cfg: RunConfig | None) -> str:
     run_dir = Path(cfg.run_dir) if cfg else None
     if run_dir is None or not (run_dir / RECORD).is_dir():
         return "interrupted"  # before the run started: nothing of it was written
-    last = tagged_checkpoint(run_dir / CHECKPOINTS_DIR, "last")
+    last = last_checkpoint(run_dir)
     if last is None:
         return (f"interrupted before the run's first checkpoint; {run_dir} keeps its train.log "
                 "and TensorBoard logs")
@@ -187,8 +176,8 @@ def resume_command(cfg: RunConfig) -> str:
 
 
 def shared_run_dir(output_dir: str) -> str:
-    """Under torchrun, rank 0's run directory for every rank: ${now:...} may differ by a second
-    between ranks, and a rank's own directory, left empty, is removed."""
+    """Under torchrun, rank 0's run directory for every rank (${now:...} may differ by a second
+    between ranks); a rank's own, left empty, is removed."""
     rank, _, world_size = init_distributed()
     if world_size == 1:
         return output_dir
@@ -201,8 +190,8 @@ def shared_run_dir(output_dir: str) -> str:
 
 
 def run_training(cfg: RunConfig) -> float | None:
-    """Train; say where the checkpoints are and what to run next. The return value (the final
-    val loss) feeds Hydra's sweepers."""
+    """Train; say where the checkpoints are and what to run next. Returns the final val loss,
+    for Hydra's sweepers."""
     held = logging.handlers.MemoryHandler(capacity=sys.maxsize)  # train.log's first lines
     logging.getLogger().addHandler(held)
     try:
@@ -249,12 +238,11 @@ def print_next_steps(metrics: dict, cfg: RunConfig) -> None:
 
 
 def as_recorded(run_dir: Path, values: dict, overrides: list[str], choices) -> RunConfig:
-    """train.resume=true hydra.run.dir=<run>: the run as it recorded itself (.hydra/config.yaml,
-    every value it was started with), with what may change (RESUME_MAY_CHANGE) taken from the
-    command line; any other override given now (`overrides`, composed into `values`, choosing
-    `choices`) must agree with the record, else the command is refused in one line naming each.
+    """train.resume=true: the run as it recorded itself (.hydra/config.yaml), with what may
+    change (RESUME_MAY_CHANGE) taken from `values`, the composed command line; any other
+    override given now must agree with the record, else it is refused in one line naming each.
     A run with no checkpoint is left to checkpoint_to_resume, which says so."""
-    last = tagged_checkpoint(run_dir / CHECKPOINTS_DIR, "last")
+    last = last_checkpoint(run_dir)
     if last is None:
         return RunConfig.from_config(values, run_dir)
     record = run_dir / RECORD / "config.yaml"
@@ -309,16 +297,15 @@ def as_recorded(run_dir: Path, values: dict, overrides: list[str], choices) -> R
 
 
 def read_record(file: Path) -> object:
-    """A YAML file of a run's .hydra/ record, parsed; FileNotFoundError where it is missing,
-    ValueError where it is not a regular file of a few KB holding YAML."""
+    """A YAML file of a run's .hydra/, parsed; FileNotFoundError where it is missing, ValueError
+    where it is not a regular file of a few KB holding YAML."""
     return yaml_in(read_regular_file(file, RECORD_BYTES, "the run's record"))
 
 
 def recorded_overrides(run_dir: Path) -> list[str]:
-    """The overrides a run was started with, as .hydra/overrides.yaml records them (a YAML list
-    of strings, none of Hydra's own settings; [] where there is none); anything else is refused
-    in one line naming the file: a crafted one could set Hydra's callbacks, which run code, in a
-    command this one suggests."""
+    """The overrides a run was started with (.hydra/overrides.yaml; [] where there is none).
+    Anything but a list of overrides without Hydra's own settings is refused: a crafted one could
+    set Hydra's callbacks, which run code, in a command this one suggests."""
     file = run_dir / RECORD / "overrides.yaml"
     try:
         lines = read_record(file)
@@ -330,7 +317,7 @@ def recorded_overrides(run_dir: Path) -> list[str]:
         if not isinstance(lines, list) or not all(isinstance(line, str) for line in lines) or any(
                 o.is_hydra_override() or o.key_or_group == "hydra"
                 for o in OverridesParser.create().parse_overrides(lines)):
-            raise ValueError(file)  # Hydra records its own settings in hydra.yaml, never here
+            raise ValueError(file)
         return lines
     except (ValueError, HydraException):
         raise ConfigError(f"{file} is not the list of overrides a run records; restore it, or "
@@ -351,9 +338,8 @@ def dig(tree: object, key: str) -> object:
 
 
 def check_sweep(jobs: list[list[str]], compose: Callable[[list[str]], DictConfig]) -> None:
-    """Every job of a sweep (-m), as Hydra's sweeper will run them, checked before the first
-    trains (conf/hydra/sweeper/checked.yaml): a bad value in a later job would stop the sweep
-    there, and the jobs after it would never run."""
+    """Check every job of a sweep (-m) before the first trains (conf/hydra/sweeper/checked.yaml):
+    a bad value in a later job would otherwise stop the sweep there."""
     schema = run_schema()
     for number, job in enumerate(jobs):
         try:
@@ -368,8 +354,8 @@ def check_sweep(jobs: list[list[str]], compose: Callable[[list[str]], DictConfig
 
 
 def refuse_a_run_dir_that_is_a_file() -> None:
-    """hydra.run.dir naming a file (or a folder under one) is refused before Hydra makes it;
-    whether it was there is noted: a refused run removes only a directory it made."""
+    """Refuse hydra.run.dir naming a file (or a folder under one) before Hydra makes it, and
+    note whether it was there."""
     global named_run_dir_existed
     named = given(RUN_DIR_KEY)
     named_run_dir_existed = named is not None and Path(named).exists()

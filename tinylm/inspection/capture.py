@@ -43,6 +43,7 @@ FEMALE_NAMES = frozenset((
 MALE_NAMES = frozenset((
     "Tom Tommy Tim Timmy Ben Benny Jack Jake John Bob Bobby Joe Billy Leo Mike Max Mark Dave Jim "
     "Jimmy Jeff Peter").split())
+NAME_GENDER = {**dict.fromkeys(FEMALE_NAMES, "female"), **dict.fromkeys(MALE_NAMES, "male")}
 # A word counts as a name when it is listed here, or when it is capitalised but does not start a
 # sentence (see `is_name`).
 NAMES = FEMALE_NAMES | MALE_NAMES | frozenset("Sam Spot Rex Kitty".split())
@@ -173,15 +174,10 @@ def deciding_token(token_words: Sequence[int], word: int) -> int | None:
     return first - 1 if first > 0 else None
 
 
-def name_gender(word: str) -> str | None:
-    """"female" or "male" for a name of the lists above, None for any other word."""
-    return "female" if word in FEMALE_NAMES else "male" if word in MALE_NAMES else None
-
-
 def other_gender(pronoun: str, word: str) -> bool:
     """Whether `word` is a name of the other gender than `pronoun` ("She" and "Tom"): a reading
     that points there points at the wrong character. False where either has no gender here."""
-    gender, named = PRONOUN_GENDER.get(pronoun), name_gender(word)
+    gender, named = PRONOUN_GENDER.get(pronoun), NAME_GENDER.get(word)
     return gender is not None and named is not None and gender != named
 
 

@@ -6,9 +6,9 @@ matplotlib's object API (no pyplot, no display, no global state).
     with published_atomically(logdir) as folder, event_writer(folder) as writer:
         log_image(writer, "attention/layer_00/all_heads", image, png_dir=folder)  # + a PNG file
 
-In every attention heatmap rows are queries (the token looking), columns keys (the tokens looked
-at), the causal upper triangle is blank, and the colour scale is the square root of the weight,
-so that small weights spread over many tokens stay visible next to one large one.
+In every attention heatmap rows are queries, columns keys, the causal upper triangle is blank,
+and the colour scale is the square root of the weight, so that small weights spread over many
+tokens stay visible next to one large one.
 """
 
 from __future__ import annotations
@@ -83,13 +83,6 @@ def _heatmap(ax, weights: np.ndarray, tokens: Sequence[str], max_labels: int, fo
     return image
 
 
-def attention_grid_figure(weights: np.ndarray, tokens: Sequence[str], title: str = "",
-                          max_labels: int = 32, highlight: Sequence[int] = ()) -> Figure:
-    """All heads of one layer, weights (n_head, T, T), as a grid of small labelled heatmaps; past
-    `max_labels` tokens 1 in k is labelled, and `highlight` positions always are, in red."""
-    return _attention_grid(weights, tokens, title, max_labels, highlight)[0]
-
-
 def _checked(weights: np.ndarray, tokens: Sequence[str]) -> np.ndarray:
     """weights as float32 (n_head, T, T) for T tokens; else a ValueError."""
     weights = np.asarray(weights, dtype=np.float32)
@@ -106,9 +99,11 @@ def _grid_title(title: str, n_tokens: int, max_labels: int) -> str:
     return f"{title}  ({labels}; rows: query, columns: key)".strip()
 
 
-def _attention_grid(weights: np.ndarray, tokens: Sequence[str], title: str, max_labels: int,
-                    highlight: Sequence[int]) -> tuple[Figure, list, Text]:
-    """attention_grid_figure's figure, with the axes of the heads and the figure's title."""
+def attention_grid_figure(weights: np.ndarray, tokens: Sequence[str], title: str,
+                          max_labels: int, highlight: Sequence[int]) -> tuple[Figure, list, Text]:
+    """All heads of one layer, weights (n_head, T, T), as a grid of small labelled heatmaps (past
+    `max_labels` tokens 1 in k is labelled, and `highlight` positions always are, in red); with
+    the axes of the heads and the figure's title."""
     weights = _checked(weights, tokens)
     n_head, t = weights.shape[0], weights.shape[-1]
     ncols = math.ceil(math.sqrt(n_head))
@@ -140,7 +135,7 @@ class AttentionGridImages:
 
     Tick labels, head titles and the colour bar never change, so the first call draws them once
     as a background; each call pastes it and draws the heatmaps, their frames and the title in a
-    whole draw's order: the pixels of figure_to_image(attention_grid_figure(...)), much faster.
+    whole draw's order: the pixels of a fresh figure, much faster.
     """
 
     def __init__(self, tokens: Sequence[str], max_labels: int = 32,
@@ -167,8 +162,8 @@ class AttentionGridImages:
         return np.asarray(canvas.buffer_rgba())[..., :3].copy()
 
     def _lay_out(self, weights: np.ndarray, title: str) -> None:
-        fig, self._heads, self._title = _attention_grid(weights, self.tokens, title,
-                                                        self.max_labels, self.highlight)
+        fig, self._heads, self._title = attention_grid_figure(weights, self.tokens, title,
+                                                              self.max_labels, self.highlight)
         fig.draw_without_rendering()  # the layout, with every artist in place
         fig.set_layout_engine("none")  # kept: a layout without the changing artists would differ
         changing = [self._title, *(artist for ax in self._heads
@@ -184,11 +179,9 @@ class AttentionGridImages:
 
 def layer_head_heatmap(values: np.ndarray, title: str = "", label: str = "",
                        fmt: str = "{:.2f}", center: float | None = None) -> Figure:
-    """A (n_layer, n_head) table of per-head numbers (accuracy, ablation effect) as a heatmap.
-
-    `center`: use a diverging colour map symmetric around this value (e.g. 0 for changes, 0.5
-    for an accuracy whose chance is 0.5), marked on the colour bar as the baseline.
-    """
+    """A (n_layer, n_head) table of per-head numbers (accuracy, ablation effect) as a heatmap;
+    `center`: a diverging colour map symmetric around this baseline (0 for changes, 0.5 for an
+    accuracy whose chance is 0.5), marked on the colour bar."""
     values = np.asarray(values, dtype=np.float64)
     if values.ndim != 2:
         raise ValueError(f"values must be (n_layer, n_head), got shape {values.shape}")
@@ -220,13 +213,9 @@ def layer_head_heatmap(values: np.ndarray, title: str = "", label: str = "",
 
 
 def steps_figure(panels: Sequence[tuple], title: str) -> Figure:
-    """tinylm-explain's heatmaps of scores and weights, two per row; small ones carry their numbers.
-
-    Each panel is a walkthrough.Panel (title, matrix (T_q, T_k), row labels, column labels,
-    weights): NaN and -inf cells (hidden by the mask) are light grey, labelled "masked" in a
-    legend and, where the numbers are written, in the cell; `weights` fixes the colour scale to
-    [0, 1].
-    """
+    """tinylm-explain's heatmaps (walkthrough.Panel), two per row; small ones carry their numbers.
+    Cells hidden by the mask (NaN, -inf) are light grey, labelled "masked" in a legend and, where
+    the numbers are written, in the cell."""
     n_rows = math.ceil(len(panels) / 2)
     t = max(matrix.shape[1] for _, matrix, *_ in panels)
     size = min(8.0, max(3.2, 0.3 * t))
@@ -272,8 +261,7 @@ def figure_to_image(fig: Figure) -> np.ndarray:
 
 
 def save_figure(fig: Figure, path: str | Path) -> Path:
-    """Write a figure to `path` (creating the parent directory) and return the path: PNG, or
-    the format its suffix names (.svg, .pdf)."""
+    """Write a figure to `path` as PNG or the format its suffix names (.svg, .pdf); the path."""
     path = Path(path)
     with replaced_atomically(path) as tmp:
         fig.savefig(tmp, dpi=100, format=path.suffix[1:] or "png")
@@ -291,8 +279,8 @@ def log_figure(writer, tag: str, fig: Figure, step: int = 0,
 def log_image(writer, tag: str, image: np.ndarray, step: int = 0,
               png_dir: str | Path | None = None) -> None:
     """Add an RGB uint8 image (H, W, 3) to a SummaryWriter as image `tag`, and as
-    png_dir/<tag>.png: one PNG encoding serves both. png_dir is a folder that
-    published_atomically moves into place whole, as the writer's."""
+    png_dir/<tag>.png (a folder published_atomically moves into place whole, as the writer's):
+    one PNG encoding serves both."""
     from tensorboard.compat.proto.summary_pb2 import Summary  # TensorBoard only where it writes
 
     png = io.BytesIO()
@@ -309,12 +297,10 @@ def log_image(writer, tag: str, image: np.ndarray, step: int = 0,
 
 @contextmanager
 def event_writer(logdir: str | Path) -> Iterator:
-    """A TensorBoard SummaryWriter into `logdir`, flushed and closed when the block ends; give it
-    published_atomically's folder, so that a failed report leaves no half an event file.
-
-    A background thread writes the event file: a write the disk refuses (OSError) is raised here,
-    by the flush, and not also printed as that thread's traceback.
-    """
+    """A TensorBoard SummaryWriter into `logdir` (published_atomically's folder: a failed report
+    leaves no half an event file), flushed and closed when the block ends. Its background thread
+    writes the event file: a write the disk refuses is raised here, by the flush, and not also
+    printed as that thread's traceback."""
     from torch.utils.tensorboard import SummaryWriter  # TensorBoard only where one is written
 
     previous = threading.excepthook

@@ -1,7 +1,7 @@
 """What the tab's arithmetic panel needs of one text: each head's q, k and v and the weights the
 forward pass gave, read at the hook points (tinylm/hooks.py) when the text is captured; and what a
-layer hides besides the causal mask, said as a band. tensorboard_plugin/arithmetic.py writes and
-serves them."""
+layer hides besides the causal mask, said as a band. tensorboard_plugin/summary.py writes them and
+plugin.py serves them."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from tinylm.attention import causal_mask
 from tinylm.hooks import caching
 
 MASK_POSITIONS = 4096  # how far a layer's mask is looked at to find its band
-MAX_STORED = 2**22  # float32 numbers per text: 16 MiB (see the module docstring)
+MAX_STORED = 2**22  # float32 numbers per text: 16 MiB (why: summary.write_attention)
 ARCHITECTURES = {"TinyLM": "tinylm", "GPT2LM": "GPT-2", "GPTNeoLM": "GPT-Neo",
                  "LlamaLM": "Llama-family"}
 
@@ -59,35 +59,28 @@ def layer_numbers(n_head: int, n_kv_head: int, head_size: int, t: int) -> int:
 
 
 def layer_window(attn, positions: int) -> tuple[int | None, bool]:
-    """(w, ok): the band of keys the layer's mask keeps besides the causal one (None: none), and
-    whether what it hides is such a band at all (the route recomputes only bands)."""
+    """(w, ok): the band of keys the layer's mask keeps besides the causal one (None: it hides
+    no more than that), and whether what it hides is such a band at all (the route recomputes
+    only bands); its mask is looked at over `positions` positions."""
+    causal = causal_mask(positions, positions)
     hidden = attn.hidden(positions, positions, "cpu")
-    if hidden is None:
+    if hidden is None or torch.equal(hidden.cpu() | causal, causal):
         return None, True
-    hidden = hidden.cpu() | causal_mask(positions, positions)
-    window = band_width(hidden)
+    window = band_width(hidden.cpu() | causal)
     return window, window is not None
 
 
 @torch.inference_mode()
-def capture_arithmetic(model, ids, layers: list[int] | None = None,
-                       budget: int = MAX_STORED) -> ArithmeticCapture:
-    """One forward pass over token ids (T,) reading each kept layer's q, k, v and weights at its
-    hook points (tinylm.hooks.caching): layers 0, 1, ... while they fit in `budget` numbers, or
-    those of `layers` that fit."""
+def capture_arithmetic(model, ids, budget: int = MAX_STORED) -> ArithmeticCapture:
+    """One forward pass over token ids (T,) reading the q, k, v and weights of layers 0, 1, ...
+    while they fit in `budget` numbers, at their hook points (tinylm.hooks.caching)."""
     device = next(model.parameters()).device
     idx = torch.as_tensor(ids, dtype=torch.long, device=device).reshape(1, -1)
-    t = idx.size(1)
-    blocks = model.blocks
-    first = blocks[0].attn
-    name = ARCHITECTURES.get(type(model).__name__, type(model).__name__)
+    t, blocks = idx.size(1), model.blocks
     positions = min(int(model.config.block_size), MASK_POSITIONS)
-    wanted = list(range(len(blocks))) if layers is None else sorted(set(layers))
     kept, not_band, why, total = [], [], [], 0
-    for i in wanted:
-        if not 0 <= i < len(blocks):
-            raise ValueError(f"layer {i} is out of range: the model has {len(blocks)} layers")
-        attn = blocks[i].attn
+    for i, block in enumerate(blocks):
+        attn = block.attn
         window, band = layer_window(attn, positions)
         if not band:
             not_band.append(i)
@@ -104,11 +97,9 @@ def capture_arithmetic(model, ids, layers: list[int] | None = None,
     if not_band:
         why.insert(0, f"layers {', '.join(map(str, not_band))} hide more than a band of "
                    "earlier positions")
-    left_out = [i for i in range(len(blocks)) if i not in {i for i, _ in kept}]
-    if layers is not None and left_out:
-        why.insert(0, f"only layers {', '.join(map(str, wanted))} were asked for")
-    numbers = ArithmeticCapture(name, len(blocks), first.n_head, first.head_size, t, "float32",
-                                not_stored="; ".join(why) if left_out else "")
+    name, first = type(model).__name__, blocks[0].attn
+    numbers = ArithmeticCapture(ARCHITECTURES.get(name, name), len(blocks), first.n_head,
+                                first.head_size, t, "float32", not_stored="; ".join(why))
     if not kept:
         return numbers
     points = ("hook_q", "hook_k", "hook_v", "hook_pattern")
@@ -128,9 +119,6 @@ def capture_arithmetic(model, ids, layers: list[int] | None = None,
             i, k.size(0), None if attn.scale is None else float(attn.scale), window,
             hasattr(attn, "rotary"), flat.astype("<f4")))
     return numbers
-
-
-# ------------------------------------------------------------------------------- the summary
 
 
 def band_width(hidden: torch.Tensor) -> int | None:

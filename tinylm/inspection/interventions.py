@@ -19,11 +19,6 @@ import torch
 from tinylm.hooks import hooks
 
 
-def hook_z(layer: int) -> str:
-    """The name of layer `layer`'s heads' outputs."""
-    return f"blocks.{layer}.attn.hook_z"
-
-
 @contextmanager
 def heads_scaled(model, mask: torch.Tensor) -> Iterator[None]:
     """Inside: each head's output multiplied by mask[layer, head] (0: the head removed)."""
@@ -37,8 +32,8 @@ def heads_scaled(model, mask: torch.Tensor) -> Iterator[None]:
             return z * mask[layer].view(1, -1, 1, 1).to(z.dtype)
         return fn
     # a layer whose factors are all 1 keeps its hook point unhooked: its numbers stay untouched
-    with hooks(model, {hook_z(layer): scale(layer) for layer in range(mask.size(0))
-                       if not bool((mask[layer] == 1).all())}):
+    with hooks(model, {f"blocks.{layer}.attn.hook_z": scale(layer)
+                       for layer in range(mask.size(0)) if not bool((mask[layer] == 1).all())}):
         yield
 
 
@@ -59,5 +54,5 @@ def head_replaced(model, layer: int, head: int, values: torch.Tensor,
         z = z.clone()  # the hook point's input may be a view the caller still holds
         z[:, head] = new if where is None else torch.where(where[..., None], new, z[:, head])
         return z
-    with hooks(model, {hook_z(layer): replace}):
+    with hooks(model, {f"blocks.{layer}.attn.hook_z": replace}):
         yield

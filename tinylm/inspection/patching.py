@@ -1,23 +1,17 @@
-"""Activation patching: which heads carry the name's gender to the pronoun, as causes.
-
-Attention weights show who listens to whom, and a high weight is not by itself an explanation:
-a head may look at the name and pass on nothing the pronoun needs. Patching asks what a head's
-output does. Take two texts that differ only in the name, a clean one and its counterfactual:
+"""Activation patching: which heads carry the name's gender to the pronoun, as causes (a head
+may look at the name and pass on nothing the pronoun needs). Two texts differ only in the name:
 
     clean            "Lily went to the park. After a while,"   -> " she"
     counterfactual   "Jack went to the park. After a while,"   -> " he"
 
-The metric is m = log P(clean pronoun) - log P(clean wrong pronoun) at the deciding position (the
-last token here, the one before the pronoun), with the same two pronoun tokens in both runs: high
-on the clean text, low on the counterfactual. Copy one head's output (its slice of the hook
-point blocks.{layer}.attn.hook_z, before the heads are concatenated and projected) at one
-position from the counterfactual run into the clean run; the pronoun prediction moves by
+m = log P(clean pronoun) - log P(clean wrong pronoun) at the deciding position (the token before
+the pronoun), the same two tokens in both runs. Copy one head's output (its slice of
+blocks.{layer}.attn.hook_z) at one position from the counterfactual run into the clean run:
 
-    effect = (m_patched - m_clean) / (m_counterfactual - m_clean)
+    effect = (m_patched - m_clean) / (m_counterfactual - m_clean)    # 0: none of it, 1: all
 
-0: the head carries none of the difference, 1: all of it. Over pairs the effect is a ratio of
-means, with a bootstrap interval over pairs. Attribution patching estimates every cell from one
-backward pass instead: m_patched - m_clean ≈ (a_counterfactual - a_clean) · ∂m/∂a.
+Over pairs a ratio of means, with a bootstrap interval. Attribution patching estimates every cell
+from one backward pass: m_patched - m_clean ≈ (a_counterfactual - a_clean) · ∂m/∂a.
 
     pairs, skipped = build_pairs(tokenizer, items, model.config.block_size)
     result = patch_heads(model, pairs)    # result.effects(): (n_layer, n_head)
@@ -59,8 +53,8 @@ MAX_M = 1e9  # nats: a larger m read from a report is no model's (and its sums o
 
 @dataclass
 class PatchPair:
-    """A clean text and its counterfactual as token ids, up to and including the deciding
-    position, and the two pronoun tokens m compares."""
+    """A clean text and its counterfactual as ids up to the deciding position, and the two
+    pronoun tokens m compares."""
 
     source: str  # "<file>, line <n>" of the clean item
     clean_ids: list[int]
@@ -69,16 +63,14 @@ class PatchPair:
     shared: int = 0  # tokens both pronouns begin with, at the end of both texts' ids
 
     @property
-    def position(self) -> int:
-        """The index whose logits predict the pronoun: the last one."""
+    def position(self) -> int:  # the deciding one, whose logits predict the pronoun
         return len(self.clean_ids) - 1
 
 
 def make_pair(tokenizer, item: ProbeItem, partner: ProbeItem, block_size: int
               ) -> PatchPair | str:
-    """The PatchPair of an agreement item and its counterfactual partner, or why there is none.
-    The tokens both pronouns begin with (one character a token: the space) are read in both
-    texts, and m compares the first token where they differ."""
+    """The PatchPair of an agreement item and its partner, or why there is none. The tokens
+    both pronouns begin with (a character model's space) are read in both texts."""
     clean = encode_agreement_item(tokenizer, item, block_size)
     try:
         other = encode_agreement_item(tokenizer, partner, block_size)
@@ -116,7 +108,7 @@ def build_pairs(tokenizer, items: list[ProbeItem], block_size: int
 
 
 def _ratio(num: np.ndarray, den: np.ndarray) -> np.ndarray:
-    """num / den, NaN where den is 0 (no difference to carry: the effect is undefined)."""
+    """num / den, NaN where den is 0 (no difference to carry: undefined)."""
     with np.errstate(divide="ignore", invalid="ignore"):
         return np.where(den != 0, num / np.where(den != 0, den, 1.0), np.nan)
 
@@ -174,9 +166,8 @@ class PatchingResult:
 
     @classmethod
     def from_json(cls, section) -> PatchingResult:
-        """The result back from probe.json's `patching` section (to_json's): its pairs and every
-        m, as arrays (null: NaN). Checked as it enters: anything else (a wrong type, a missing
-        key, ids or m of other shapes, an m beyond ±MAX_M) is a ValueError naming the key."""
+        """The result back from to_json's section (null: NaN); anything else (a wrong type or
+        shape, a missing key, an m beyond ±MAX_M) is a one-line ValueError naming the key."""
         _want(isinstance(section, dict), "", "is not an object")
         _want(section.get("method") in ("exact", "attribution"), "method",
               "is not exact or attribution")
@@ -190,7 +181,7 @@ class PatchingResult:
         _want(isinstance(first, list) and len(first) > 0 and isinstance(first[0], list)
               and len(first[0]) > 0, "pairs[0].m_patched_all", "is not a layers x heads list")
         shape = (len(first), len(first[0]))
-        pairs, numbers = [], []
+        pairs, m = [], []
         for i, p in enumerate(entries):
             key = f"pairs[{i}]"
             _want(isinstance(p, dict), key, "is not an object")
@@ -204,15 +195,15 @@ class PatchingResult:
                   "is not a count of its tokens")
             _want(isinstance(p.get("source"), str), f"{key}.source", "is not a text")
             pairs.append(PatchPair(p["source"], clean, other, tuple(target), shared))
-            numbers.append([_numbers(p.get(k), dims, f"{key}.{k}") for k, dims in (
+            m.append([_numbers(p.get(k), dims, f"{key}.{k}") for k, dims in (
                 ("m_clean", ()), ("m_counterfactual", ()), ("m_patched_all", shape),
                 ("m_patched_by_position", (*shape, len(clean))))])
-        m_clean, m_counterfactual, at_all = (np.array([n[k] for n in numbers]) for k in range(3))
-        by_position = np.full((*at_all.shape, max(len(p.clean_ids) for p in pairs)), np.nan)
-        for i, (*_, row) in enumerate(numbers):
+        m_clean, m_counterfactual, at_all, rows = zip(*m, strict=True)
+        by_position = np.full((len(pairs), *shape, max(len(p.clean_ids) for p in pairs)), np.nan)
+        for i, row in enumerate(rows):
             by_position[i, ..., :row.shape[-1]] = row
-        return cls(pairs, skipped, m_clean, m_counterfactual, by_position, at_all,
-                   section["method"])
+        return cls(pairs, skipped, np.array(m_clean), np.array(m_counterfactual), by_position,
+                   np.array(at_all), section["method"])
 
     def to_json(self, skipped: list[dict] | None = None, n_resamples: int = 1000,
                 level: float = 0.95, seed: int = 0) -> dict:
@@ -245,21 +236,20 @@ class PatchingResult:
 
 
 def _want(ok: bool, key: str, what: str) -> None:
-    """Refuse a patching section read back (from_json) where `ok` is false: `key` `what`."""
+    """from_json's refusal: "the patching section's `key` `what`" unless `ok`."""
     if not ok:
         of = f"'s {key}" if key else ""
         raise ValueError(f"the patching section{of} {what}")
 
 
 def _token_ids(ids) -> bool:
-    """Whether `ids` is a non-empty list of token ids (ints, not bools, from 0)."""
     return isinstance(ids, list) and len(ids) > 0 and all(
         type(i) is int and 0 <= i < 2**63 for i in ids)
 
 
 def _numbers(value, dims: tuple[int, ...], key: str) -> np.ndarray:
-    """`value` as a float64 array of shape `dims`: nested lists of numbers within ±MAX_M (a
-    patched run's m may be null: NaN)."""
+    """`value`, nested lists of numbers within ±MAX_M (a patched run's m may be null: NaN), as
+    a float64 array of shape `dims`."""
     null = "m_patched" in key
 
     def fits(v, dims: tuple[int, ...]) -> bool:
@@ -274,7 +264,7 @@ def _numbers(value, dims: tuple[int, ...], key: str) -> np.ndarray:
 # ---- the runs ---------------------------------------------------------------------------------
 
 class Run(NamedTuple):
-    """What one pass over a list of sequences leaves, each padded to the longest (T_max)."""
+    """What one pass over sequences leaves, each padded to the longest (T_max)."""
 
     resid: torch.Tensor  # (L, N, T_max, C): each block's input, the residual stream
     heads: torch.Tensor  # (L, N, T_max, nh, hs): each head's output (hook_z), before out_proj
@@ -295,21 +285,24 @@ def _margin(model, h: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     return (h.float() * (w[targets[:, 0]] - w[targets[:, 1]]).float()).sum(-1)
 
 
+def padded(sequences: list[list[int]], device) -> torch.Tensor:
+    """(B, T_max) ids, right-padded with 0: under the causal mask padding is never looked at."""
+    return pad_sequence([torch.tensor(s) for s in sequences], batch_first=True).to(device)
+
+
 def _capture(model, sequences: list[list[int]], batch_size: int,
              targets: torch.Tensor | None = None, grads: bool = False) -> Run:
-    """Run the sequences in batches (right-padded: causal, so padding is never looked at),
-    keeping every block's input and heads' output; with targets (N, 2) also m, and with grads
-    its gradient with respect to the heads' outputs."""
+    """Run the sequences in batches, keeping every block's input and heads' output; with targets
+    (N, 2) also m, and with grads its gradient with respect to the heads' outputs."""
     p = next(model.parameters())
     N, T_max = len(sequences), max(map(len, sequences))
-    # the hook points' full names, one per layer in layer order
     resid_names, z_names = resolve(model, ["hook_resid_pre"]), resolve(model, ["hook_z"])
     resid = heads = grad = None  # (L, N, T_max, ...), shaped by the first batch's activations
     m = None if targets is None else torch.zeros(N, device=p.device)
     for start in range(0, N, batch_size):
         rows = slice(start, start + batch_size)
-        idx = pad_sequence([torch.tensor(s) for s in sequences[rows]], batch_first=True)
-        idx, T = idx.to(p.device), idx.size(1)
+        idx = padded(sequences[rows], p.device)
+        T = idx.size(1)
         last = torch.tensor([len(s) - 1 for s in sequences[rows]], device=p.device)
         # with grads the heads' outputs stay in the graph, for m's gradient with respect to them
         with caching(model, resid_names) as block_inputs, \
@@ -346,10 +339,6 @@ def head_output_means(model, sequences: list[list[int]], batch_size: int = 64
     return list(sums / reach.sum(0)[None, :, None])
 
 
-def _targets(pairs: list[PatchPair], device) -> torch.Tensor:
-    return torch.tensor([p.target_ids for p in pairs], device=device)  # (P, 2)
-
-
 def _result(pairs: list[PatchPair], m_clean, m_counterfactual, by_position, at_all,
             method: str) -> PatchingResult:
     """A PatchingResult in float64 numpy, NaN past each pair's length."""
@@ -366,7 +355,7 @@ def patch_heads(model, pairs: list[PatchPair], batch_size: int = 64) -> Patching
     """Exact patching: every head at every position of every pair (and at all positions at
     once), counterfactual output into the clean run, each run from the cached clean residual."""
     device = next(model.parameters()).device
-    targets = _targets(pairs, device)
+    targets = torch.tensor([p.target_ids for p in pairs], device=device)  # (P, 2)
     clean = _capture(model, [p.clean_ids for p in pairs], batch_size, targets)
     other = _capture(model, [p.counterfactual_ids for p in pairs], batch_size, targets)
     n_layer, _, T_max, n_head, _ = clean.heads.shape
@@ -403,7 +392,7 @@ def patch_heads(model, pairs: list[PatchPair], batch_size: int = 64) -> Patching
 def attribution_patch(model, pairs: list[PatchPair], batch_size: int = 64) -> PatchingResult:
     """Attribution patching: every cell of patch_heads estimated to first order from one
     forward and backward pass per batch, m_patched - m_clean ≈ (a_cf - a_clean) · ∂m/∂a."""
-    targets = _targets(pairs, next(model.parameters()).device)
+    targets = torch.tensor([p.target_ids for p in pairs], device=next(model.parameters()).device)
     clean = _capture(model, [p.clean_ids for p in pairs], batch_size, targets, grads=True)
     other = _capture(model, [p.counterfactual_ids for p in pairs], batch_size, targets)
     with torch.no_grad():

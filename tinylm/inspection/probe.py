@@ -1,9 +1,8 @@
-"""The metrics of tinylm-probe's probe types (probe_types.py): which heads follow a pronoun to
-its antecedent (attention items), whether the model prefers a name's pronoun to the wrong one as
-whole words (agreement items), which heads that needs (each head zeroed or mean-ablated in turn,
-through the hook points of tinylm/hooks.py), and each head's attention at the deciding position,
-the token before the pronoun where a causal model chooses it. Patching (patching.py) adds the
-causal test: which heads carry the name's gender from a clean text to its counterfactual.
+"""The metrics of tinylm-probe's types (probe_types.py): which heads follow a pronoun to its
+antecedent, whether the model prefers a name's pronoun to the wrong one as whole words, which
+heads that needs (each zeroed or mean-ablated in turn through tinylm/hooks.py's hook points), and
+each head's attention at the deciding position, the token before the pronoun where a causal model
+chooses it.
 
     margins = agreement_margins(model, encoded, new_word_tokens(tokenizer))    # (N,)
     rows = ablate_heads(model, encoded, new_word, method=MEAN_ABLATION)        # one per head
@@ -17,14 +16,13 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from torch.nn.utils.rnn import pad_sequence
 from tqdm.auto import tqdm
 
 from tinylm.files import json_number
 from tinylm.hooks import run_with_cache
 from tinylm.inspection.capture import deciding_token, key_words, word_level
 from tinylm.inspection.interventions import head_replaced, heads_scaled
-from tinylm.inspection.patching import head_output_means
+from tinylm.inspection.patching import head_output_means, padded
 from tinylm.inspection.probe_items import (
     SHIPPED_PROBES,
     EncodedAgreementItem,
@@ -53,8 +51,7 @@ def probe_files(probe_file: list[str] | None) -> list[Path]:
 
 
 def baselines(items: list[ProbeItem]) -> dict[str, float]:
-    """Accuracy of always choosing the character mentioned nearest before the pronoun, or the one
-    mentioned first."""
+    """Accuracy of always choosing the character mentioned nearest before the pronoun, or first."""
     nearest = [max(i.antecedent_chars) > max(i.distractor_chars) for i in items]
     first = [min(i.antecedent_chars) < min(i.distractor_chars) for i in items]
     return {"nearest mention": float(np.mean(nearest)), "first mention": float(np.mean(first))}
@@ -75,12 +72,7 @@ def attention_to_mentions(weights: np.ndarray, token_words: list[int], n_words: 
 
 def head_accuracy(antecedent: np.ndarray, distractor: np.ndarray) -> np.ndarray:
     """Share of items (axis 0) on which each head attends more to the antecedent; ties are wrong."""
-    return (np.asarray(antecedent) > np.asarray(distractor)).mean(axis=0)
-
-
-def _padded(sequences: list[list[int]], device) -> torch.Tensor:
-    """(B, T_max) ids, right-padded with 0: under the causal mask padding is never looked at."""
-    return pad_sequence([torch.tensor(s) for s in sequences], batch_first=True).to(device)
+    return (antecedent > distractor).mean(axis=0)
 
 
 @torch.inference_mode()
@@ -92,17 +84,16 @@ def mention_attention(model, encoded: list[EncodedAttentionItem], batch_size: in
     antecedent, distractor = [], []
     for start in range(0, len(encoded), batch_size):
         chunk = encoded[start:start + batch_size]
-        _, cache = run_with_cache(model, _padded([e.ids for e in chunk], device), ["hook_pattern"])
+        _, cache = run_with_cache(model, padded([e.ids for e in chunk], device), ["hook_pattern"])
         weights = torch.stack([cache[f"blocks.{i}.attn.hook_pattern"]
                                for i in range(model.config.n_layer)], dim=1)
         weights = weights.float().cpu().numpy()  # (B, L, nh, T, T)
         for row, e in enumerate(chunk):
-            t = len(e.ids)
-            w = weights[row, :, :, :t, :t]
-            antecedent.append(attention_to_mentions(w, e.token_words, e.n_words, e.pronoun_word,
-                                                    e.antecedent_words, position))
-            distractor.append(attention_to_mentions(w, e.token_words, e.n_words, e.pronoun_word,
-                                                    e.distractor_words, position))
+            w = weights[row, :, :, :len(e.ids), :len(e.ids)]
+            for mentions, out in ((e.antecedent_words, antecedent),
+                                  (e.distractor_words, distractor)):
+                out.append(attention_to_mentions(w, e.token_words, e.n_words, e.pronoun_word,
+                                                 mentions, position))
     return np.stack(antecedent), np.stack(distractor)
 
 
@@ -121,7 +112,7 @@ def word_log_probs(model, sequences: list[list[int]], n_context: list[int],
     for start in range(0, len(order), batch_size):
         rows = order[start:start + batch_size]
         with heads_scaled(model, head_mask) if head_mask is not None else nullcontext():
-            logits = model(_padded([sequences[i] for i in rows], device)).logits
+            logits = model(padded([sequences[i] for i in rows], device)).logits
         # Per sequence of length t with context c: rows c-1 .. t-2 of its logits predict the
         # word's tokens, row t-1 what follows the word. Gather them all, normalise once.
         batch, pos, seq_of, last = [], [], [], []
@@ -154,7 +145,7 @@ def ablate_heads(model, encoded: list[EncodedAgreementItem], new_word: torch.Ten
                  batch_size: int = 64, base: torch.Tensor | None = None,
                  method: str = ABLATION) -> list[dict]:
     """Remove each head in turn (`method`: ABLATION zeroes it, MEAN_ABLATION puts its mean output
-    over these texts in its place); its agreement mean margin and accuracy, and their changes from
+    over these texts in its place): the agreement mean margin and accuracy, and their changes from
     `base` (the margins with every head on; computed when None)."""
     c = model.config
     if base is None:
@@ -169,8 +160,7 @@ def ablate_heads(model, encoded: list[EncodedAgreementItem], new_word: torch.Ten
     hs = c.n_embd // c.n_head
     for layer, head in heads:
         if method == MEAN_ABLATION:
-            head_mean = means[layer][:, head * hs:(head + 1) * hs]  # (T_max, hs)
-            with head_replaced(model, layer, head, head_mean):
+            with head_replaced(model, layer, head, means[layer][:, head * hs:(head + 1) * hs]):
                 m = agreement_margins(model, encoded, new_word, None, batch_size)
         else:
             mask = torch.ones(c.n_layer, c.n_head)
@@ -193,28 +183,12 @@ def head_entries(values: dict[str, np.ndarray]) -> list[dict]:
             for layer in range(n_layer) for head in range(n_head)]
 
 
-def agreement_attention(attention: np.ndarray, name_first: np.ndarray) -> list[dict]:
-    """Per head: mean deciding attention to the name (N, L, nh) over all items, over those where
-    the name is the first word (name_first, (N,) bool) and over the others."""
-    name_first = np.asarray(name_first, dtype=bool)
-
-    def mean(rows: np.ndarray) -> np.ndarray:
-        return rows.mean(axis=0) if len(rows) else np.full(attention.shape[1:], np.nan)
-
-    return head_entries({"mean_attention": mean(attention),
-                         "mean_attention_name_first_word": mean(attention[name_first]),
-                         "mean_attention_name_later": mean(attention[~name_first])})
-
-
 def prediction_match(attention_difference: np.ndarray, preference: np.ndarray
                      ) -> tuple[np.ndarray, np.ndarray]:
-    """Does a head's attention predict what the model says? (match, correlation), each (L, nh).
-
-    attention_difference (N, L, nh): attention to the antecedent minus to the distractor;
-    preference (N,): log P(pronoun as written) - log P(wrong pronoun). match: the share of items
-    on which both are positive or both are not; correlation: Pearson's r over the items (NaN when
-    either side does not vary).
-    """
+    """Does a head's attention predict what the model says? attention_difference (N, L, nh):
+    to the antecedent minus to the distractor; preference (N,): log P(written) - log P(wrong).
+    match (L, nh): the share of items where both are positive or both are not; correlation
+    (L, nh): Pearson's r over the items (NaN where either side does not vary)."""
     diff = np.asarray(attention_difference, dtype=np.float64)
     pref = np.asarray(preference, dtype=np.float64)
     match = ((diff > 0) == (pref > 0)[:, None, None]).mean(axis=0)
@@ -229,10 +203,9 @@ def prediction_match(attention_difference: np.ndarray, preference: np.ndarray
 def evidence(attention: list[dict], ablation: list[dict] | None,
              mean_ablation: list[dict] | None = None, patching: list[dict] | None = None
              ) -> list[dict]:
-    """Per head, each reading that was measured: deciding attention to the name, the margin
-    change when zeroed and when mean-ablated, the patching effect (rows with an "effect");
-    `singled_out_by` lists the readings that single the head out (OVER_MEDIAN, MIN_MARGIN_LOSS,
-    MIN_PATCH_EFFECT) and `agrees` is true when attention and zero-ablation both do."""
+    """Per head, each reading measured: deciding attention to the name, the margin change when
+    zeroed and when mean-ablated, the patching effect; `singled_out_by` lists the readings that
+    single the head out, `agrees` whether attention and zero-ablation both do."""
     def by_head(entries: list[dict] | None, key: str) -> dict:
         return {(e["layer"], e["head"]): e[key] for e in entries or ()}
 
@@ -261,21 +234,26 @@ def deciding_report(model, enc_names: list[EncodedAttentionItem],
                     enc_preference: list[EncodedAgreementItem], new_word: torch.Tensor,
                     batch_size: int = 64) -> dict:
     """The report's `deciding` part: attention from the token before the pronoun to the name on
-    the agreement items (enc_names); on the two-character items whether the attention's
-    preference matches the model's (scored: the indices of those with a wrong pronoun,
-    enc_preference: their written and wrong pronoun)."""
+    the agreement items (enc_names), mean over all of them, those with the name first and the
+    others; on the two-character items `scored` (the indices of those with a wrong pronoun,
+    enc_preference: their two pronouns) whether its preference matches the model's."""
     name_first = np.array([0 in e.antecedent_words for e in enc_names], dtype=bool)
     result: dict = {"agreement_attention": [], "prediction_match": [],
                     "n_agreement": len(enc_names), "n_attention": len(scored),
                     "n_attention_left_out": len(enc_attention) - len(scored),
                     "n_name_first_word": int(name_first.sum())}
     if enc_names:
-        to_name, _ = mention_attention(model, enc_names, batch_size, "deciding")
-        result["agreement_attention"] = agreement_attention(to_name, name_first)
+        to_name, _ = mention_attention(model, enc_names, batch_size, "deciding")  # (N, L, nh)
+
+        def mean(rows: np.ndarray) -> np.ndarray:
+            return rows.mean(axis=0) if len(rows) else np.full(to_name.shape[1:], np.nan)
+        result["agreement_attention"] = head_entries({
+            "mean_attention": mean(to_name),
+            "mean_attention_name_first_word": mean(to_name[name_first]),
+            "mean_attention_name_later": mean(to_name[~name_first])})
     if scored:
         ante, distr = mention_attention(model, enc_attention, batch_size, "deciding")
         preference = agreement_margins(model, enc_preference, new_word, None, batch_size)
         match, correlation = prediction_match((ante - distr)[scored], preference.numpy())
         result["prediction_match"] = head_entries({"match": match, "correlation": correlation})
     return result
-

@@ -1,11 +1,6 @@
-"""Probe files (the format: docs/inspecting.md): JSONL, one item per line, read and checked line
-by line, each by the probe type that recognises it (probe_types.py), then tokenized for the
-scoring in probe.py. Character offsets point at a word's first character. An attention item has
-two characters of different gender before the pronoun: {"text", "pronoun_char",
-"antecedent_chars", "distractor_chars"}, optionally "wrong_pronoun"; an agreement item has one:
-{"text", "pronoun_char", "antecedent_chars", "wrong_pronoun"}, optionally a "counterfactual"
-partner for activation patching (its text, or the "id" of another line). A line that cannot be
-used raises ProbeFileError naming its file and line.
+"""Probe files (the format: docs/inspecting.md): JSONL, each line checked as it is read by the
+probe type that recognises it (probe_types.py), then tokenized for probe.py. A line that cannot be
+used raises ProbeFileError naming its file and line; behind that, items are trusted.
 """
 
 from __future__ import annotations
@@ -51,13 +46,12 @@ class ProbeItem:
         return next(self.text[s:end] for s, end in find_words(self.text) if s == self.pronoun_char)
 
     def error(self, message: str) -> ProbeFileError:
-        """An error about this item, naming its file and line."""
         return ProbeFileError(f"{self.source}: {message}")
 
 
 def parse_pronoun_item(obj: dict, where: str, kind: str) -> ProbeItem:
-    """A pronoun item of `kind` from a decoded line: two characters where it has
-    distractor_chars, else one and a wrong pronoun to compare with (ProbeFileError if unusable)."""
+    """A pronoun item of `kind` from a decoded line (ProbeFileError if unusable): two characters
+    where it has distractor_chars, else one and a wrong pronoun to compare with."""
     text = obj.get("text")
     if not isinstance(text, str) or not text:
         raise ProbeFileError(f"{where}: \"text\" must be a non-empty string")
@@ -130,15 +124,9 @@ def _pronoun_word(item: ProbeItem) -> int:
     return word_at(find_words(item.text), item.pronoun_char)
 
 
-def _has_pronoun_at(text: str, word: int) -> bool:
-    spans = find_words(text)
-    return word < len(spans) and text[slice(*spans[word])] in PRONOUNS
-
-
 def counterfactual_item(item: ProbeItem) -> ProbeItem:
-    """The partner of an item that has one (read_probe_lines checked it) as an agreement item:
-    its own pronoun, the mentions at the item's word indices, and the other gender's pronoun
-    (the item's) to compare with."""
+    """An item's partner (read_probe_lines checked it) as an agreement item: its own pronoun, the
+    mentions at the item's word indices, the item's pronoun to compare with."""
     text, k = item.counterfactual, _pronoun_word(item)
     spans, item_spans = find_words(text), find_words(item.text)
     pronoun = text[slice(*spans[k])]
@@ -159,7 +147,8 @@ def _resolve_counterfactual(item: ProbeItem, by_id: dict[str, ProbeItem]) -> Pro
     if text == item.text:
         raise item.error(f"counterfactual {item.counterfactual!r} is the item itself; a partner "
                          "differs from it in the name and the pronoun")
-    if not _has_pronoun_at(text, k):
+    spans = find_words(text)
+    if k >= len(spans) or text[slice(*spans[k])] not in PRONOUNS:
         what = (f"is the id of {named.source}, whose text has no pronoun" if named is not None
                 else "is neither the id of an item in this file nor a text with a pronoun")
         raise item.error(f"counterfactual {item.counterfactual!r} {what} as word {k + 1}, where "
@@ -169,8 +158,8 @@ def _resolve_counterfactual(item: ProbeItem, by_id: dict[str, ProbeItem]) -> Pro
 
 def read_probe_lines(path: str | Path, parse: Callable[[object, str], ProbeItem]
                      ) -> list[ProbeItem]:
-    """Read and check every line of a JSONL probe file, each decoded line turned into an item by
-    `parse` (the probe types' parse_item); the first bad line raises ProbeFileError."""
+    """Every line of a JSONL probe file as an item, each decoded line checked and read by `parse`
+    (probe_types.parse_item); the first bad line raises ProbeFileError."""
     items, by_id = [], {}
     lines = read_regular_file(path, MAX_PROBE_FILE_BYTES, "probe file").split(b"\n")
     for n, raw in enumerate(lines, start=1):
@@ -208,8 +197,7 @@ def shipped_probe(name: str) -> Path:
 
 @dataclass
 class EncodedAttentionItem:
-    """An item as tokens: the text up to the pronoun's last token, and word indices (an
-    agreement item has no distractor words)."""
+    """An item as tokens up to the pronoun's last token, and word indices."""
 
     ids: list[int]
     token_words: list[int]
@@ -270,9 +258,8 @@ class EncodedAgreementItem:
 
 def encode_agreement_item(tokenizer, item: ProbeItem, block_size: int,
                           wrong_pronoun: str | None = None) -> EncodedAgreementItem:
-    """Tokenize the text before the pronoun followed by each pronoun, as running text would be.
-
-    The wrong pronoun: `wrong_pronoun`, else the item's."""
+    """Tokenize the text before the pronoun followed by each pronoun (the wrong one:
+    `wrong_pronoun`, else the item's), as running text would be."""
     context = item.text[:item.pronoun_char]
     before = len(context.rstrip())  # the word is read together with the whitespace before it
     written = item.pronoun

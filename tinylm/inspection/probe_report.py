@@ -1,10 +1,6 @@
-"""How tinylm-probe's results are shown: layer x head tables for the console, heatmaps, and the
-TensorBoard event file that holds them beside the console text and what the attention tab reads.
-Each probe type (probe_types.py) says what it shows; these draw it.
-
-    lines = layer_head_lines({(layer, head): "0.52", ...}, n_layer, n_head, mark=(1, 2))
-    write_probe_figures(report, folder, console)
-"""
+"""How tinylm-probe's results are drawn: layer x head tables for the console, heatmaps, and the
+TensorBoard event file with them, the console text and what the attention tab reads. Each probe
+type (probe_types.py) says what it shows."""
 
 from __future__ import annotations
 
@@ -21,7 +17,7 @@ class Heatmap(NamedTuple):
     title: str
     label: str  # of the colour bar
     fmt: str = "{:.2f}"
-    center: float | None = None  # a diverging colour map around it (e.g. 0 for changes)
+    center: float | None = None  # a diverging colour map around it (0 for changes, 0.5: chance)
 
 
 def grid(entries: list[dict], key: str) -> np.ndarray:
@@ -52,10 +48,9 @@ def layer_head_lines(cells: dict[tuple[int, int], str], n_layer: int, n_head: in
 
 def write_probe_figures(report, folder: str | Path, console: list[str],
                         texts: dict | None = None) -> list[str]:
-    """Each result's heatmaps to TensorBoard (and as <folder>/<tag>.png), the console report as
-    text, each result's summaries for the attention tab, and the attention of `texts` (name ->
-    AttentionCapture), into `folder` (published_atomically's: the caller moves it into place);
-    returns the heatmaps' tags. `report`: a probe_types.ProbeReport."""
+    """A probe_types.ProbeReport's heatmaps (also as <folder>/<tag>.png), the console text, the
+    tab's summaries and the attention of `texts` (name -> AttentionCapture) into `folder`'s event
+    file; returns the heatmaps' tags."""
     # matplotlib and TensorBoard load only once a report is computed: --help, a bad option or a
     # bad probe line answer without waiting for them
     from tinylm.inspection.figures import event_writer, layer_head_heatmap, log_figure

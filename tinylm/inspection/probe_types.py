@@ -1,15 +1,9 @@
-"""tinylm-probe's probe types, registered in one place: PROBE_TYPES.
-
-A probe type is one class (ProbeType): the probe-file lines it recognises and how it parses them,
-how it scores a model (a classmethod that returns an instance: the typed result), and how that
-result goes to probe.json, the console and TensorBoard. The scores themselves are probe.py's
-metrics; the tables and heatmaps are drawn by probe_report.py. A new type is a subclass added to
-PROBE_TYPES: the command loads its lines, scores it and reports it without another change.
+"""tinylm-probe's probe types, registered in PROBE_TYPES. A type (ProbeType) is one class: the
+probe lines it reads, how it scores a model (its result is an instance) and how that result goes
+to probe.json, the console and TensorBoard; a new one added to PROBE_TYPES needs no other change.
 
     report = probe(model, tokenizer, items, ablate="mean", patch="exact")
-    report.to_json()                   # probe.json
-    print("\n".join(report.console(top_heads=5)))
-    report.get(Agreement).margins      # a type's typed result
+    report.to_json(), report.console(top_heads=5), report.get(Agreement).margins
 """
 
 from __future__ import annotations
@@ -41,7 +35,6 @@ from tinylm.inspection.probe import (
     mention_attention,
 )
 from tinylm.inspection.probe_items import (
-    EncodedAgreementItem,
     ProbeFileError,
     ProbeItem,
     encode_agreement_item,
@@ -54,26 +47,28 @@ from tinylm.inspection.probe_items import (
 from tinylm.inspection.probe_report import Heatmap, grid, layer_head_lines, number
 from tinylm.tables import columns
 
+CHANCE = 0.5  # of a choice between two: the baseline an accuracy heatmap is centred on
+
 
 class ProbeType:
-    """The contract of a probe type. A subclass is a dataclass of its result's fields with a
-    `name`, a `score` and a `to_json`; the rest is optional. Add it to PROBE_TYPES."""
+    """A probe type: a dataclass of its result with a `name`, a `score` and a `to_json`; the
+    rest is optional."""
 
     name: ClassVar[str]  # the kind of the items it reads (ProbeItem.kind)
 
     @staticmethod
     def recognises(line: dict) -> bool:
-        """Whether a probe file's decoded line is one of its items (none: it reads others')."""
+        """Whether a decoded probe line is one of its items (none: it reads others')."""
         return False
 
     @classmethod
     def parse(cls, line: dict, where: str) -> ProbeItem:
-        """The item of a line it recognises; ProbeFileError (naming `where`) if it is unusable."""
+        """The item of a line it recognises; ProbeFileError naming `where` if unusable."""
         return parse_pronoun_item(line, where, cls.name)
 
     @classmethod
     def score(cls, probing: Probing) -> ProbeType | None:
-        """The result on probing's model and items; None when the options do not ask for it."""
+        """Its result on probing's model and items; None when the options do not ask for it."""
         raise NotImplementedError
 
     def to_json(self) -> dict:
@@ -89,14 +84,13 @@ class ProbeType:
         return {}
 
     def summaries(self, writer) -> None:
-        """Add what the attention tab reads (tensorboard_plugin/summary.py) to a SummaryWriter."""
+        """Adds what the attention tab reads (tensorboard_plugin/summary.py) to a SummaryWriter."""
 
 
 @dataclass
 class Probing:
-    """What the types score: the model, the options, the items, the shipped pronoun items
-    tokenized once (one the model cannot read, longer than its context or with a character its
-    tokenizer never saw, is skipped and counted), the results so far."""
+    """What the types score: the model, the options, the items tokenized once (those the model
+    cannot read are skipped and counted), the results so far."""
 
     model: torch.nn.Module
     tokenizer: object
@@ -109,16 +103,19 @@ class Probing:
     def __post_init__(self):
         tokenizer, block_size = self.tokenizer, self.model.config.block_size
         self.unread: list[dict] = []  # {"source", "reason"}: items the model cannot read
-        # the model's own preference on a two-character item needs a wrong pronoun: the item's,
-        # else the other gender's; "her" has none (such items are left out and counted)
-        def preference(i: ProbeItem) -> EncodedAgreementItem | None:
+
+        def attention(i: ProbeItem):
+            return encode_attention_item(tokenizer, i, block_size)
+
+        # the model's preference on a two-character item needs a wrong pronoun: the item's, else
+        # the other gender's; "her" has none (such items are left out and counted)
+        def preference(i: ProbeItem):
             wrong = i.wrong_pronoun or DERIVED_WRONG_PRONOUN.get(i.pronoun.lower())
             return wrong and encode_agreement_item(tokenizer, i, block_size, wrong)
         self.attention, (self.enc_attention, preferences) = self.fitting(
-            Resolving, lambda i: encode_attention_item(tokenizer, i, block_size), preference)
+            Resolving, attention, preference)
         self.agreement, (self.enc_agreement, self.enc_names) = self.fitting(
-            Agreement, lambda i: encode_agreement_item(tokenizer, i, block_size),
-            lambda i: encode_attention_item(tokenizer, i, block_size))
+            Agreement, lambda i: encode_agreement_item(tokenizer, i, block_size), attention)
         order = {item.source: k for k, item in enumerate(self.items)}  # as the files list them
         self.unread.sort(key=lambda skipped: order[skipped["source"]])
         self.scored = [k for k, e in enumerate(preferences) if e is not None]
@@ -130,14 +127,14 @@ class Probing:
     def fitting(self, probe_type: type[ProbeType], *encoders: Callable
                 ) -> tuple[list[ProbeItem], list[list]]:
         """probe_type's items that the model can read, and each encoder's list of them; the
-        others (longer than its context, a character its tokenizer never saw) go to `unread`."""
+        others (longer than its context, an unknown character) go to `unread`."""
         items, encoded = [], []
         for item in self.items_of(probe_type):
             try:
                 encoded.append([encode(item) for encode in encoders])
             except ProbeFileError as err:
                 self.unread.append({"source": item.source,
-                                      "reason": str(err).removeprefix(f"{item.source}: ")})
+                                    "reason": str(err).removeprefix(f"{item.source}: ")})
                 continue
             items.append(item)
         columns = [list(column) for column in zip(*encoded, strict=True)]
@@ -161,32 +158,46 @@ class Probing:
         return self.results[probe_type]
 
 
+def per_head(entries: list[dict], cell: Callable[[dict], str], n_layer: int, n_head: int,
+             mark: dict | None = None) -> list[str]:
+    """The layer x head table of per-head rows, each shown as cell(row); `mark`'s gets a *."""
+    return layer_head_lines({(e["layer"], e["head"]): cell(e) for e in entries}, n_layer, n_head,
+                            mark and (mark["layer"], mark["head"]))
+
+
+def head_name(row: dict) -> str:
+    return f"L{row['layer']}H{row['head']}"
+
+
 # ---- the shipped types, in the order the console shows them ------------------------------------
 
 class Reading(NamedTuple):
     """A causal reading the evidence table may set beside attention."""
-
     name: str  # in "singled out by"
     title: str  # its column
     key: str  # its value in an evidence row
     fmt: str
     said: str  # in the table's title
+    rule: str  # what singles a head out
 
 
+LOSS, EFFECT = f"a loss of {MIN_MARGIN_LOSS:g} nats", f"an effect of {MIN_PATCH_EFFECT:g}"
 READINGS = (Reading("zeroed", "Δ margin zeroed", "delta_mean_margin", "+.3f",
-                    "the margin it costs when zeroed"),
-            Reading("mean", "Δ margin mean", "delta_mean_margin_mean", "+.3f", "when mean-ablated"),
-            Reading("patching", "patching", "patching_effect", ".2f", "its patching effect"))
+                    "the margin it costs when zeroed", LOSS),
+            Reading("mean", "Δ margin mean", "delta_mean_margin_mean", "+.3f", "when mean-ablated",
+                    LOSS),
+            Reading("patching", "patching", "patching_effect", ".2f", "its patching effect",
+                    EFFECT))
 
 
 @dataclass
 class Deciding(ProbeType):
     """Every head at the deciding position (the token before the pronoun, where a causal model
-    chooses it): its attention to the name on the agreement items, whether its preference between
-    two characters matches the model's, and the evidence of the causal readings beside it."""
+    chooses it): its attention to the name, whether its preference between two characters matches
+    the model's, and the causal readings beside it."""
 
     name: ClassVar[str] = "deciding"
-    agreement_attention: list[dict]  # probe.agreement_attention's rows
+    agreement_attention: list[dict]  # per head: mean_attention, over all items and two parts
     prediction_match: list[dict]  # per head: match, correlation
     n_agreement: int
     n_attention: int  # two-character items with a wrong pronoun
@@ -229,11 +240,9 @@ class Deciding(ProbeType):
                       f"chooses it) to the name, {self.n_agreement} agreement items;",
                       f"all items (name first word: {n_first} items / name later: "
                       f"{self.n_agreement - n_first} items), * = most"]
-            lines += layer_head_lines(
-                {(e["layer"], e["head"]): f"{e['mean_attention']:.2f} "
-                 f"({number(e['mean_attention_name_first_word'], '.2f')}"
-                 f"/{number(e['mean_attention_name_later'], '.2f')})"
-                 for e in self.agreement_attention}, n_layer, n_head, (best["layer"], best["head"]))
+            lines += per_head(self.agreement_attention, lambda e: (
+                f"{e['mean_attention']:.2f} ({number(e['mean_attention_name_first_word'], '.2f')}"
+                f"/{number(e['mean_attention_name_later'], '.2f')})"), n_layer, n_head, best)
             lines.append(f"best deciding head: layer {best['layer']} head {best['head']}, "
                          f"attention to the name {best['mean_attention']:.2f}")
         if self.prediction_match:
@@ -241,9 +250,8 @@ class Deciding(ProbeType):
                       "the head's attention at the deciding position prefers the character",
                       "whose pronoun the model prefers (sign of attention to antecedent - "
                       "distractor vs log P(written) - log P(wrong)), with Pearson's r"]
-            lines += layer_head_lines(
-                {(e["layer"], e["head"]): f"{e['match']:.2f} r={number(e['correlation'], '+.2f')}"
-                 for e in self.prediction_match}, n_layer, n_head)
+            lines += per_head(self.prediction_match, lambda e: (
+                f"{e['match']:.2f} r={number(e['correlation'], '+.2f')}"), n_layer, n_head)
         if self.n_attention_left_out:
             lines.append(f"prediction match: {self.n_attention_left_out} two-character items left "
                          "out: no wrong pronoun (\"her\" is object or possessive, so it has no "
@@ -254,19 +262,14 @@ class Deciding(ProbeType):
         """The evidence table: per head, attention to the name beside every causal reading
         measured, the heads each singles out, and where they part."""
         rows, measured = self.evidence, self.measured
-        # the heads first by each reading: most attention, then the largest changes either way
-        picks = [sorted(rows, key=lambda r: -r["mean_attention"])[:top_heads]]
-        for reading in measured:
-            picks.append(sorted((r for r in rows if r[reading.key] is not None),
-                                key=lambda r: -abs(r[reading.key]))[:top_heads])
-        shown = sorted({(r["layer"], r["head"]): r for pick in picks for r in pick}.values(),
+        # the heads first by each reading: most attention, the largest changes either way
+        picks = [sorted((r for r in rows if r[key] is not None), key=lambda r: -abs(r[key]))
+                 [:top_heads] for key in ("mean_attention", *(r.key for r in measured))]
+        shown = sorted({head_name(r): r for pick in picks for r in pick}.values(),
                        key=lambda r: -r["mean_attention"])
         names = ["attention", *(r.name for r in measured)]
-        rules = [f"attention {OVER_MEDIAN:g}x the median head's"]
-        if {"zeroed", "mean"} & set(names):
-            rules.append(f"a loss of {MIN_MARGIN_LOSS:g} nats")
-        if "patching" in names:
-            rules.append(f"an effect of {MIN_PATCH_EFFECT:g}")
+        rules = dict.fromkeys([f"attention {OVER_MEDIAN:g}x the median head's",
+                               *(r.rule for r in measured)])
         lines = [f"evidence: each head's attention from the token before the pronoun to the name "
                  f"({self.n_agreement} agreement items), beside "
                  f"{', '.join(r.said for r in measured)};",
@@ -279,36 +282,34 @@ class Deciding(ProbeType):
               ", ".join(row["singled_out_by"]) or "-"] for row in shown],
             ">>>" + ">" * len(measured) + "<", gaps=2, indent="  ")
         for name in names:
-            heads = [f"L{r['layer']}H{r['head']}" for r in rows if name in r["singled_out_by"]]
-            lines.append(f"  singled out by {name}: {' '.join(heads) if heads else 'no head'}")
-        split = [f"L{r['layer']}H{r['head']} ({', '.join(r['singled_out_by'])})" for r in rows
-                 if r["singled_out_by"] and len(r["singled_out_by"]) < len(names)]
-        lines.append(f"  where they part: {'; '.join(split) if split else 'nowhere'}")
-        if "mean" in names:  # a silenced head is an input the model never saw
-            moved = [f"L{r['layer']}H{r['head']} {r['delta_mean_margin']:+.3f} zeroed, "
+            heads = [head_name(r) for r in rows if name in r["singled_out_by"]]
+            lines.append(f"  singled out by {name}: {' '.join(heads) or 'no head'}")
+        split = [f"{head_name(r)} ({', '.join(r['singled_out_by'])})" for r in rows
+                 if 0 < len(r["singled_out_by"]) < len(names)]
+        lines.append(f"  where they part: {'; '.join(split) or 'nowhere'}")
+        if "mean" in names:
+            moved = [f"{head_name(r)} {r['delta_mean_margin']:+.3f} zeroed, "
                      f"{r['delta_mean_margin_mean']:+.3f} mean" for r in rows
                      if abs(r["delta_mean_margin"]) >= MIN_MARGIN_LOSS
                      and abs(r["delta_mean_margin_mean"]) < MIN_MARGIN_LOSS]
             lines.append("  moved by zeroing, not by mean-ablation (a silent head is an input "
-                         f"the model never saw): {'; '.join(moved) if moved else 'no head'}")
+                         f"the model never saw): {'; '.join(moved) or 'no head'}")
         return lines
 
     def heatmaps(self) -> dict[str, Heatmap]:
         maps, n_first = {}, self.n_name_first_word
-        for key, items in (("mean_attention", f"{self.n_agreement} items"),
-                           ("mean_attention_name_first_word",
-                            f"{n_first} items with the name first"),
-                           ("mean_attention_name_later",
-                            f"{self.n_agreement - n_first} items with the name later")
-                           ) if self.agreement_attention else ():
-            maps["probe/deciding_attention" + key.removeprefix("mean_attention")] = Heatmap(
-                grid(self.agreement_attention, key),
+        for key, items in (("", f"{self.n_agreement} items"),
+                           ("_name_first_word", f"{n_first} items with the name first"),
+                           ("_name_later", f"{self.n_agreement - n_first} items with the name "
+                            "later")) if self.agreement_attention else ():
+            maps["probe/deciding_attention" + key] = Heatmap(
+                grid(self.agreement_attention, "mean_attention" + key),
                 f"deciding: token before the pronoun -> name ({items})", "attention")
         if self.prediction_match:
             maps["probe/prediction_match"] = Heatmap(
                 grid(self.prediction_match, "match"),
                 f"deciding attention predicts the model's pronoun ({self.n_attention} items)",
-                "share of items")
+                "share of items", center=CHANCE)
             maps["probe/prediction_correlation"] = Heatmap(
                 grid(self.prediction_match, "correlation"),
                 "deciding attention difference vs log P difference", "Pearson r", "{:+.2f}", 0.0)
@@ -353,18 +354,17 @@ class Patching(ProbeType):
         return {"patching": section}
 
     def console(self, n_layer: int, n_head: int, top_heads: int) -> list[str]:
-        """The layer x head effects with their intervals and the strongest (layer, head,
-        position) cells with the tokens at that position."""
+        """The layer x head effects with their intervals, and the strongest (layer, head,
+        position) cells with the tokens there."""
         if self.result is None:
             return []
         r = self.result
-        how = ("each head's output copied from the counterfactual text (the other name) into the "
-               "clean one" if r.method == "exact" else "each head's output copied from the "
-               "counterfactual text into the clean one, estimated to first order from gradients")
+        how = ("(the other name) into the clean one" if r.method == "exact"
+               else "into the clean one, estimated to first order from gradients")
         skipped = (f"{len(self.skipped)} skipped: the report lists each and why"
                    if self.skipped else "none skipped")
-        lines = [f"patching ({r.method}): {how}, at every position at once, over "
-                 f"{len(r.pairs)} pairs ({skipped});",
+        lines = [f"patching ({r.method}): each head's output copied from the counterfactual text "
+                 f"{how}, at every position at once, over {len(r.pairs)} pairs ({skipped});",
                  "effect = the share of the counterfactual's change in log P(pronoun) - log P("
                  f"wrong pronoun) it moves, [{self.LEVEL:.0%} bootstrap interval], * = largest"]
         clean, other = np.mean(r.m_clean), np.mean(r.m_counterfactual)
@@ -386,10 +386,9 @@ class Patching(ProbeType):
             {k: f"{number(effects[k], '+.2f')} [{number(intervals[k][0], '+.2f')},"
                 f"{number(intervals[k][1], '+.2f')}]" for k in heads}, n_layer, n_head, strongest)
         by_position = r.effects_by_position()  # (L, nh, T_max), the deciding position last
-        cells = [(layer, head, back, value) for layer, head in heads
-                 for back, value in enumerate(by_position[layer, head, ::-1])
-                 if np.isfinite(value)]
-        cells.sort(key=lambda cell: -abs(cell[3]))
+        cells = sorted(((layer, head, back, value) for layer, head in heads
+                        for back, value in enumerate(by_position[layer, head, ::-1])
+                        if np.isfinite(value)), key=lambda cell: -abs(cell[3]))
         lines.append(f"the {top_heads} strongest (layer, head, position) cells; positions counted "
                      "back from the deciding token (the one before the pronoun), with the tokens "
                      "found there")
@@ -466,14 +465,11 @@ class Resolving(ProbeType):
         if not self.n:
             return {"n": 0, "heads": [], "best": None, "baselines": None}
         accuracy, (layer, head) = self.accuracy, self.best
-        _, n_layer, n_head = self.antecedent.shape
-        return {"n": self.n,
-                "heads": [{"layer": l, "head": h, "accuracy": float(accuracy[l, h]),
-                           "mean_antecedent_attention": float(self.antecedent[:, l, h].mean()),
-                           "mean_distractor_attention": float(self.distractor[:, l, h].mean())}
-                          for l in range(n_layer) for h in range(n_head)],
-                "best": {"layer": layer, "head": head, "accuracy": float(accuracy[layer, head])},
-                "baselines": self.baselines}
+        heads = head_entries({"accuracy": accuracy,
+                              "mean_antecedent_attention": self.antecedent.mean(axis=0),
+                              "mean_distractor_attention": self.distractor.mean(axis=0)})
+        return {"n": self.n, "heads": heads, "baselines": self.baselines,
+                "best": {"layer": layer, "head": head, "accuracy": float(accuracy[layer, head])}}
 
     def console(self, n_layer: int, n_head: int, top_heads: int) -> list[str]:
         if not self.n:
@@ -493,7 +489,8 @@ class Resolving(ProbeType):
         if not self.n:
             return {}
         return {"probe/attention_accuracy": Heatmap(
-            self.accuracy, f"pronoun -> antecedent accuracy ({self.n} items)", "accuracy")}
+            self.accuracy, f"pronoun -> antecedent accuracy ({self.n} items)", "accuracy",
+            center=CHANCE)}
 
     def summaries(self, writer) -> None:
         """The accuracy grid the attention tab draws."""
@@ -615,7 +612,6 @@ class ProbeReport:
                 **(skipped if self.unread else {})}
 
     def console(self, top_heads: int = 5) -> list[str]:
-        """The console summary."""
         first = self.unread[0] if self.unread else None
         skipped = [f"{len(self.unread)} probe items skipped: the model cannot read them (the "
                    f"first: {first['source']}: {first['reason']}); probe.json lists each under "
@@ -628,14 +624,9 @@ def probe(model, tokenizer, items: list[ProbeItem], ablate: bool | str = False,
           batch_size: int = 64,
           before_work: Callable[[list[list[list[int]]]], None] | None = None,
           patch: str | None = None) -> ProbeReport:
-    """Score every registered probe type on the items: the report.
-
-    `ablate`: False; True or "zero" (each head zeroed in turn); "mean" (zeroed, and beside it
-    replaced by its mean output). `patch`: None, "exact" (patching.patch_heads) or "attribution"
-    (its first-order estimate). `before_work(passes)` sees, once every item is tokenized and
-    before any model work, the sequences (as ids) of each kind of forward pass: the command
-    refuses a batch_size there that cannot be held.
-    """
+    """Score every registered probe type on the items (`ablate`, `patch`: Probing's). Once every
+    item is tokenized, before any model work, `before_work(passes)` sees the sequences of each
+    kind of forward pass: the command refuses a batch_size there that cannot be held."""
     probing = Probing(model, tokenizer, items, ablate, patch, batch_size)
     if before_work is not None:
         before_work(probing.passes)
@@ -645,9 +636,8 @@ def probe(model, tokenizer, items: list[ProbeItem], ablate: bool | str = False,
 
 
 def parse_item(obj, where: str) -> ProbeItem:
-    """Check one decoded JSONL line and turn it into a ProbeItem (ProbeFileError if unusable), as
-    the probe type that recognises it parses it; its counterfactual, a text or another line's id,
-    is resolved and checked by read_probe_lines."""
+    """One decoded JSONL line as the probe type that recognises it parses it (ProbeFileError if
+    unusable); read_probe_lines resolves and checks its counterfactual."""
     if not isinstance(obj, dict):
         raise ProbeFileError(f"{where}: expected a JSON object, got {type(obj).__name__}")
     # the last registered first: a new type may claim lines that a shipped one reads by default
@@ -659,6 +649,5 @@ def parse_item(obj, where: str) -> ProbeItem:
 
 
 def load_probe_file(path: str | Path) -> list[ProbeItem]:
-    """Read and check every line of a JSONL probe file, each read by the probe type that
-    recognises it; the first bad line raises ProbeFileError."""
+    """Every line of a JSONL probe file, checked and read by the type that recognises it."""
     return read_probe_lines(path, parse_item)

@@ -1,6 +1,6 @@
 """What `tinylm-generate ... inspect=true` writes for each text: TensorBoard (the attention tab's
-data, an image per layer, texts), the same images as PNG files, attention.npz, pronouns.md (the
-console summary and the pronoun tables) and inspect.json (the readings as records).
+data, an image per layer, texts), the images as PNG files, attention.npz, pronouns.md (the console
+summary and the pronoun tables) and inspect.json (the readings as records).
 
     inspect_texts(model, tokenizer, [text], "runs/inspect", out=print)   # out: progress lines
 """
@@ -55,16 +55,19 @@ def query_label(capture: AttentionCapture, reading: PronounReading, position: st
 
 
 def not_read(reading: PronounReading) -> str | None:
-    """Why a pronoun is not read against names at all ("it" stands for no named character);
-    None for the pronouns that are."""
+    """Why a pronoun is not read against names ("it" stands for no named character), or None."""
     return None if reading.pronoun in PERSON_PRONOUNS else NOT_A_PERSON.format(reading.pronoun)
 
 
-def name_label(capture: AttentionCapture, reading: PronounReading, w: int) -> str:
-    """An earlier word as a reading lists it: a name of the other gender than the pronoun is
-    flagged, since a head that looks there looks at the wrong character."""
+def name_label(capture: AttentionCapture, reading: PronounReading, w: int,
+               markdown: bool = False) -> str:
+    """An earlier word as a reading lists it (markdown: escaped, a name in italics); a name of the
+    other gender than the pronoun is flagged: a head that looks there looks at the wrong one."""
     word = capture.words[w]
-    return f"{word} (other gender)" if other_gender(reading.pronoun, word) else word
+    label = _md(word) if markdown else word
+    if markdown and is_name(capture.text, capture.word_spans, w):
+        label = f"*{label}*"
+    return f"{label} (other gender)" if other_gender(reading.pronoun, word) else label
 
 
 def pronoun_table(capture: AttentionCapture, reading: PronounReading) -> str:
@@ -85,22 +88,16 @@ def pronoun_table(capture: AttentionCapture, reading: PronounReading) -> str:
                  "|---|---|" + "---|" * k]
         for layer, row in enumerate(top):
             for head, ranked in enumerate(row):
-                cells = []
-                for w, v in ranked:
-                    name = _md(capture.words[w])
-                    if is_name(capture.text, capture.word_spans, w):
-                        name = f"*{name}*"
-                        if other_gender(reading.pronoun, capture.words[w]):
-                            name += " (other gender)"
-                    cells.append(f"{name} {v:.2f}")
+                cells = [f"{name_label(capture, reading, w, markdown=True)} {v:.2f}"
+                         for w, v in ranked]
                 lines.append(f"| {layer} | {head} | " + " | ".join(cells) + " |")
         parts.append("\n".join(lines))
     return "\n\n".join(parts)
 
 
 def pronoun_summary(capture: AttentionCapture, readings: Sequence[PronounReading]) -> list[str]:
-    """Console lines per pronoun, deciding then resolving: the heads whose most-attended earlier
-    word is a name, or why a position was skipped."""
+    """Console lines per pronoun, deciding then resolving: the heads whose top earlier word is a
+    name, or why a position was skipped."""
     n_heads = capture.weights.shape[0] * capture.weights.shape[1]
     lines = []
     for r in readings:
@@ -129,8 +126,8 @@ def pronoun_summary(capture: AttentionCapture, readings: Sequence[PronounReading
 
 
 def pronoun_records(capture: AttentionCapture, readings: Sequence[PronounReading]) -> list[dict]:
-    """The readings as JSON-ready records (inspect.json): words by text, names flagged, and
-    those of the other gender than the pronoun flagged again."""
+    """The readings as inspect.json's records: words by text, names and those of the other
+    gender than the pronoun flagged."""
     words = capture.words
     shared = capture.shared_kv_heads
 
@@ -168,15 +165,10 @@ def tokens_table(capture: AttentionCapture) -> str:
 
 def write_inspection(capture: AttentionCapture, folder: str | Path, prompt_chars: int = 0,
                      top_words: int = 3, meta: dict | None = None) -> list[str]:
-    """Write one text's attention into `folder` (inspect_texts publishes it whole); returns the
-    console summary lines.
-
-    TensorBoard: the attention tab's data (every head, word by word), an image per layer
-    attention/layer_LL/all_heads (its heads side by side, also as attention/layer_LL/all_heads.png)
-    and texts: text/generated, text/tokens, pronouns/summary, pronouns/NN_<pronoun> (markdown
-    tables). inspect.json holds `meta`, the pronoun readings and, where query heads share key/value
-    heads, each layer's count of them and each head's.
-    """
+    """Write one text's attention into `folder` (inspect_texts publishes it whole): TensorBoard
+    (the tab's data, attention/layer_LL/all_heads images, also as PNG, and the texts), the
+    arrays, pronouns.md and inspect.json (`meta`, the readings, any shared key/value heads);
+    returns the console summary lines."""
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     readings = read_pronouns(capture, top_words)
@@ -226,11 +218,9 @@ def write_inspection(capture: AttentionCapture, folder: str | Path, prompt_chars
 def inspect_texts(model, tokenizer, texts: Sequence[str], logdir: str | Path,
                   prompt_chars: int = 0, top_words: int = 3, meta: dict | None = None,
                   out: Callable[[str], None] | None = None) -> list[Path]:
-    """Capture and write each text's attention (several texts: one TensorBoard run each).
-    Every file arrives in `logdir` at the end, whole, or none does (a full disk: NotWritten).
-
-    `out` (e.g. print) gets the progress and summary lines, one call per line; None: silent.
-    """
+    """Capture and write each text's attention (several texts: one TensorBoard run each); every
+    file arrives in `logdir` at the end, whole, or none does (a full disk: NotWritten). `out`
+    (e.g. print) gets the progress and summary lines, one call per line."""
     say = out or (lambda line: None)
     logdir = Path(logdir)
     dirs = []

@@ -20,13 +20,12 @@ from tinylm.attention import (
     AttentionSteps,
     MultiHeadAttention,
     attention_steps,
-    causal_mask,
     unshifted_exps,
     weighted_values,
 )
 from tinylm.hooks import caching, run_with_cache
 from tinylm.inspection.capture import kv_head
-from tinylm.inspection.head_numbers import band_width
+from tinylm.inspection.head_numbers import MASK_POSITIONS, layer_window
 from tinylm.tables import MAX_WIDTH, paragraph, side_by_side, table, vector
 
 # The worked example of docs/attention.md: 3 tokens, d = 2, Q = K.
@@ -50,9 +49,8 @@ def resolve_query(query: int | str | None, labels: Sequence[str], default: int,
                              f"index 0..{n - 1} (or -{n}..-1 from the end)")
         return query % n, ""
     word = str(query).strip()
-    matches = [i for i, label in enumerate(labels) if label.strip() == word]
-    if not matches:  # "she" should still find "She"
-        matches = [i for i, label in enumerate(labels) if label.strip().lower() == word.lower()]
+    matches = ([i for i, label in enumerate(labels) if label.strip() == word]  # else "she": "She"
+               or [i for i, label in enumerate(labels) if label.strip().lower() == word.lower()])
     if not matches:
         shown = ", ".join(f"{i} {label!r}" for i, label in enumerate(labels[:40]))
         more = f", ... ({n} in all)" if n > 40 else ""
@@ -112,9 +110,7 @@ class HeadSteps(NamedTuple):
 @torch.no_grad()
 def model_head_steps(model, idx: torch.Tensor, layer: int, head: int) -> HeadSteps:
     """One head's attention steps inside a model on token ids idx (T,), recomputed from the q, k,
-    v its forward pass showed at the hook points blocks.{layer}.attn.hook_q/_k/_v (rotated where
-    the model rotates them), with the weights the pass itself had at hook_pattern, so callers
-    can check they agree."""
+    v of its forward pass (blocks.{layer}.attn.hook_q/_k/_v), with the pass's own weights."""
     attn = model.blocks[layer].attn
     names = [f"blocks.{layer}.attn.{point}" for point in ("hook_q", "hook_k", "hook_v",
                                                           "hook_pattern")]
@@ -142,19 +138,15 @@ def shared_kv(kv: int, group: int) -> str:
 
 def mask_and_scale(attn: MultiHeadAttention, head_size: int, positions: int) -> str:
     """What a layer does otherwise than plain scaled causal attention (GPT-Neo's layers), said;
-    `positions` (the model's block_size): how far its mask is looked at."""
+    `positions`: how far its mask is looked at."""
+    window, band = layer_window(attn, positions)
     said = ""
-    causal = causal_mask(positions, positions)
-    hidden = attn.hidden(positions, positions, "cpu")
-    hidden = causal if hidden is None else hidden.cpu() | causal
-    if not torch.equal(hidden, causal):  # some earlier positions are hidden too
-        window = band_width(hidden)
-        said += (f" and local: each token sees only the last {window} positions (a banded "
-                 "mask)" if window is not None else
-                 " and masked: some earlier positions are hidden too, besides the later ones")
-    scale = attn.scale
-    if scale is not None and scale != 1 / math.sqrt(head_size):
-        said += (f"; the scores are multiplied by {scale:g}, not divided by √d (the '/√d' "
+    if window is not None:
+        said = f" and local: each token sees only the last {window} positions (a banded mask)"
+    elif not band:
+        said = " and masked: some earlier positions are hidden too, besides the later ones"
+    if attn.scale is not None and attn.scale != 1 / math.sqrt(head_size):
+        said += (f"; the scores are multiplied by {attn.scale:g}, not divided by √d (the '/√d' "
                  "column shows them after that)")
     return said
 
@@ -197,13 +189,9 @@ def query_walk(steps: AttentionSteps, i: int, v: torch.Tensor, q_label: str,
     spell_out = d_v <= 4 and len(shown) <= 6  # weight·value per key still fits on a line
     terms = weighted_values(steps.weights, v)[i]  # (T_k, d_v): weight_j · v_j
     cols = ["q·k", "/√d", "-max", "exp", "weight"]
-    rows = []
-    for j in shown:
-        rows.append([float(steps.scores[i, j]), float(steps.scaled[i, j]),
-                     float(steps.shifted[i, j]), float(steps.exps[i, j]),
-                     float(steps.weights[i, j])])
-        if spell_out:
-            rows[-1].append(vector(terms[j], digits))
+    stages = (steps.scores, steps.scaled, steps.shifted, steps.exps, steps.weights)
+    rows = [[float(stage[i, j]) for stage in stages]
+            + ([vector(terms[j], digits)] if spell_out else []) for j in shown]
     total = ["", "", "", float(steps.exp_sum[i, 0]), float(steps.weights[i].sum())]
     if spell_out:
         cols.append("weight·v")
@@ -351,7 +339,6 @@ def explain_given_qkv(q: torch.Tensor | None = None, k: torch.Tensor | None = No
                 for r in range(q.size(0))]
         rows = [a + b + [s] for a, b, s in
                 zip(steps.output.tolist(), plain.output.tolist(), seen, strict=True)]
-        d_v = v.size(1)
         cols = ([f"causal d{c}" for c in range(d_v)] + [f"no mask d{c}" for c in range(d_v)]
                 + ["keys seen"])
         lines += [""] + table("How the mask changes each row's output:", rows, q_rows, cols,
@@ -374,11 +361,8 @@ def explain_given_multi_head(n_head: int, x: torch.Tensor | None = None,
         raise ValueError(f"d_model={d_model} is not divisible by n_head={n_head}: each head "
                          f"takes d_model / n_head columns; use d_model in "
                          f"{[n_head * m for m in range(1, 4)]}")
-    def numbers(t: int, c: int) -> int:
-        """The numbers of the tables: W_q, W_k, W_v, W_o (C x C each); X, Q, K, V, the
-        concatenated heads and the output (T x C each); each head's masked scores and weights
-        (T x T)."""
-        return 4 * c * c + 6 * t * c + 2 * n_head * t * t
+    def numbers(t: int, c: int) -> int:  # W_q, W_k, W_v, W_o; X, Q, K, V, concat, output;
+        return 4 * c * c + 6 * t * c + 2 * n_head * t * t  # each head's scores and weights
 
     if printable is not None and x is None:  # then d_model sets the size: the random x has 3 rows
         printable("d_model", d_model, None, lambda c: numbers(3, c))
@@ -481,7 +465,8 @@ def explain_model_head(model, tokenizer, text: str, layer: int = 0, head: int = 
     lines = paragraph(
         f"Layer {layer}, head {head} of {source} on {text!r} ({len(ids)} tokens; "
         f"head size {hs}). {_projections(model.blocks[layer].attn)}; attention is causal"
-        + mask_and_scale(model.blocks[layer].attn, hs, c.block_size) + "."
+        + mask_and_scale(model.blocks[layer].attn, hs, min(c.block_size, MASK_POSITIONS))
+        + "."
         + shared_kv(found.kv_head, found.group))
     lines += paragraph(f"The query is token {labels[i]} (tokens are numbered from 0)."
                        + (f" {note}" if note else "")) + [""]

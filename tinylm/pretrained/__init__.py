@@ -7,11 +7,11 @@
 
 Each architecture's file (gpt2.py, gpt_neo.py, llama.py) holds its weight names, its config
 reading and the modules in which it departs from tinylm's: a config class and a model class
-(subclasses of tinylm's, registered in MODELS below, so that every one attends with
-tinylm.attention's softmax(q·kᵀ/√d)·v). It offers:
+(subclasses of tinylm's, registered in MODELS below: every one attends with tinylm.attention's
+softmax(q·kᵀ/√d)·v). It offers:
 
     MODEL_TYPES                       config.json's model_type values it loads
-    layer_count(weights)              how many blocks the weights file holds, from its header
+    BLOCK                             the regex of a block's weight names, to count them
     read_config(hf, where, layers)    its ModelConfig, each value it cannot take refused by name
     load(weights, model)              the weights into it, each shape checked before it is read
     read_tokenizer(file, hf)          its tokenizer
@@ -41,6 +41,7 @@ from tinylm.pretrained.common import (
     PICKLE_FILE,
     TOKENIZER_FILE,
     WEIGHTS_FILE,
+    layers_in,
 )
 from tinylm.pretrained.gpt2 import export_gpt2
 from tinylm.tokenizer import Tokenizer
@@ -58,8 +59,7 @@ KNOWN = "gpt2 (GPT-2, DistilGPT2), gpt_neo (GPT-Neo, the TinyStories models), ll
 
 
 def is_pretrained(path: str | Path) -> bool:
-    """Whether `checkpoint=path` names a Hugging Face model (hf:<id>, or a folder with a
-    config.json) rather than a tinylm run."""
+    """Whether `checkpoint=path` names a Hugging Face model (hf:<id>, a folder with config.json)."""
     # exists, not is_file: a FIFO or folder named config.json is refused by the loader, by name
     return str(path).startswith(HUB_PREFIX) or (Path(path) / CONFIG_FILE).exists()
 
@@ -135,7 +135,7 @@ def load_pretrained(path: str | Path) -> tuple[TinyLM, Tokenizer, Path]:
         raise ValueError(f"{config_file}: model_type={kind!r} is not one tinylm loads: {KNOWN}")
     arch = ARCHITECTURES[kind]
     try:
-        layers = arch.layer_count(weights)
+        layers = layers_in(weights, arch.BLOCK)
     except (SafetensorError, OSError) as err:
         raise _unreadable(weights, err) from None
     config = arch.read_config(hf, config_file, layers)

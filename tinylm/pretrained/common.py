@@ -5,7 +5,6 @@ each tensor's shape compared from the header before it is read."""
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
 from pathlib import Path
 
 import torch
@@ -22,30 +21,49 @@ CONVERT = "python scripts/convert_bin_to_safetensors.py"
 Table = dict[str, "str | tuple[str, ...] | None"]
 
 
-def short(value) -> str:
-    """repr of a config value, cut to one readable line (a crafted value may be huge)."""
-    text = repr(value)
-    return text if len(text) <= 80 else f"{text[:77]}..."
-
-
 def refused(where: Path, key: str, value, rule: str) -> ValueError:
-    """The one error a config.json value tinylm cannot take raises."""
-    return ValueError(f"{where}: {key}={short(value)} is not supported: {rule}")
+    """The one error a config.json value tinylm cannot take raises; a crafted value may be huge,
+    so its repr is cut to one readable line."""
+    text = repr(value)
+    text = text if len(text) <= 80 else f"{text[:77]}..."
+    return ValueError(f"{where}: {key}={text} is not supported: {rule}")
 
 
-def whole_numbers(hf: dict, keys: Iterable[str], where: Path) -> None:
-    """Refuse a shape value that is not an int (a bool, a float, a string)."""
-    for key in keys:
-        if type(hf.get(key)) is not int:
+def shape_of(hf: dict, keys: dict[str, str], where: Path, layers: int) -> dict[str, int]:
+    """tinylm's shape (n_layer, n_head, ...: our name -> config.json's key in `keys`), each value
+    a whole number and n_layer the count the weights file holds: checked before anything is
+    computed from them or built, since a layer count is work and memory."""
+    for key in keys.values():
+        if type(hf.get(key)) is not int:  # not a bool, a float, a string
             raise refused(where, key, hf.get(key), "it must be a whole number")
+    if hf[keys["n_layer"]] != layers:
+        raise ValueError(f"{where}: {keys['n_layer']}={hf[keys['n_layer']]}, but the "
+                         f"{WEIGHTS_FILE} beside it holds {layers} layers: they are not one model")
+    return {ours: hf[theirs] for ours, theirs in keys.items()}
 
 
-def same_layers(hf: dict, key: str, layers: int, where: Path) -> None:
-    """Refuse a layer count other than the weights file's, before anything is built: a layer
-    count is work and memory, and the file's header already says how many there are."""
-    if hf[key] != layers:
-        raise ValueError(f"{where}: {key}={hf[key]}, but the {WEIGHTS_FILE} beside it holds "
-                         f"{layers} layers: they are not one model")
+def built(config_class: type, where: Path, **values):
+    """config_class(**values) without dropout (a pretrained model is loaded to be read, not
+    trained); a value its checks refuse is named with the file."""
+    try:
+        return config_class(dropout=0.0, **values)
+    except (TypeError, ValueError) as err:
+        raise ValueError(f"{where}: {err}") from None
+
+
+def name_table(n_layer: int, block: str, names: Table, outside: Table) -> Table:
+    """Every tinylm name -> its stored name: `outside` as they are, and `names` in each of the
+    n_layer blocks, whose stored names start with `block` ("h.{i}.")."""
+    table = dict(outside)
+    for i in range(n_layer):
+        prefix = block.format(i=i)
+        for ours, theirs in names.items():
+            if isinstance(theirs, str):
+                theirs = prefix + theirs
+            elif theirs is not None:
+                theirs = tuple(prefix + name for name in theirs)
+            table[f"blocks.{i}.{ours}"] = theirs
+    return table
 
 
 def stored_names(f) -> dict[str, str]:
@@ -62,12 +80,16 @@ def layers_in(file: Path, block: str) -> int:
         return len({m.group(1) for m in map(pattern.match, stored_names(f)) if m})
 
 
-def read_tensors(file: Path, model: nn.Module, table: Table,
-                 transposed: frozenset[str] = frozenset()) -> dict[str, torch.Tensor]:
-    """`model`'s state dict from a safetensors file by `table`; each tensor's shape is compared
-    from the header, before it is read, with `model`'s (built on the meta device: shapes only).
-    A stored name in `transposed` is (in, out), the transpose of nn.Linear's (out, in)."""
+def load_weights(file: Path, model: nn.Module, table: Table,
+                 transposed: frozenset[str] = frozenset()) -> None:
+    """`model`'s weights (float32) from a safetensors file by `table`, into `model` built on the
+    meta device; each tensor's shape is compared from the header, before it is read, with the
+    model's. A stored name in `transposed` is (in, out), the transpose of nn.Linear's (out, in).
+    What the model lacks (a bias its config leaves out, a tied head) is not read."""
     needs = {name: tuple(t.shape) for name, t in model.state_dict().items()}
+    tied = model.lm_head.weight is model.wte.weight
+    if tied:
+        del needs["lm_head.weight"]  # the embedding, read once
     state = {}
     with safe_open(str(file), "pt") as f:
         stored = stored_names(f)
@@ -88,6 +110,8 @@ def read_tensors(file: Path, model: nn.Module, table: Table,
             return tensor.t().contiguous() if flip else tensor
 
         for ours, theirs in table.items():
+            if ours not in needs:
+                continue
             if theirs is None:
                 state[ours] = torch.zeros(needs[ours])
             elif isinstance(theirs, tuple):
@@ -96,4 +120,8 @@ def read_tensors(file: Path, model: nn.Module, table: Table,
                 state[ours] = torch.cat([read(name, part) for name in theirs])
             else:
                 state[ours] = read(theirs, needs[ours])
-    return state
+    if tied:
+        state["lm_head.weight"] = state["wte.weight"]
+    model.load_state_dict(state, strict=True, assign=True)
+    if tied:  # tied again: assign gave each name its own Parameter
+        model.lm_head.weight = model.wte.weight

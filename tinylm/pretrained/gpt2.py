@@ -15,25 +15,18 @@ import torch
 import torch.nn.functional as F
 from safetensors.torch import save_file
 
+import tinylm.pretrained.common as common
 from tinylm.config import choice, flag
 from tinylm.files import write_json_atomic
 from tinylm.model import MLP, ModelConfig, TinyLM
-from tinylm.pretrained.common import (
-    CONFIG_FILE,
-    TOKENIZER_FILE,
-    WEIGHTS_FILE,
-    Table,
-    layers_in,
-    read_tensors,
-    refused,
-    same_layers,
-    whole_numbers,
-)
+from tinylm.pretrained.common import CONFIG_FILE, TOKENIZER_FILE, WEIGHTS_FILE, refused
 from tinylm.tokenizer import EOT, CharTokenizer, Tokenizer, load_tokenizer
 
 PADDED_VOCABULARY = False
 MODEL_TYPES = ("gpt2",)
 BLOCK = r"h\.(\d+)\."  # a block's weights start h.{i}.
+SHAPE = {"vocab_size": "vocab_size", "block_size": "n_positions", "n_layer": "n_layer",
+         "n_head": "n_head", "n_embd": "n_embd"}  # tinylm's name -> config.json's
 # transformers' defaults, which a config.json may leave out
 DEFAULTS = {"vocab_size": 50257, "n_positions": 1024, "n_layer": 12, "n_head": 12, "n_embd": 768,
             "n_inner": None, "activation_function": "gelu_new", "layer_norm_epsilon": 1e-5,
@@ -53,7 +46,7 @@ BLOCK_NAMES = {
     "mlp.proj.weight": "mlp.c_proj.weight", "mlp.proj.bias": "mlp.c_proj.bias",
 }
 CONV1D = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")
-OUTSIDE_BLOCKS = ("wte.weight", "wpe.weight", "ln_f.weight", "ln_f.bias")  # one name in both
+OUTSIDE_BLOCKS = {name: name for name in ("wte.weight", "wpe.weight", "ln_f.weight", "ln_f.bias")}
 
 
 @dataclass
@@ -88,23 +81,15 @@ class GPT2LM(TinyLM):
                 block.attn.scale = 1.0
 
 
-def table(n_layer: int, block: dict, outside: tuple[str, ...] = OUTSIDE_BLOCKS) -> Table:
+def table(n_layer: int, block: common.Table) -> common.Table:
     """Every tinylm name -> its name in the checkpoint, for n_layer blocks of `block`."""
-    names: Table = {name: name for name in outside}
-    for i in range(n_layer):
-        for ours, theirs in block.items():
-            if isinstance(theirs, str):
-                theirs = f"h.{i}.{theirs}"
-            elif theirs is not None:
-                theirs = tuple(f"h.{i}.{name}" for name in theirs)
-            names[f"blocks.{i}.{ours}"] = theirs
-    return names
+    return common.name_table(n_layer, "h.{i}.", block, OUTSIDE_BLOCKS)
 
 
-def shared_checks(hf: dict, where: Path, mlp: str, n_embd: str) -> None:
+def shared_checks(hf: dict, where: Path, mlp: str, n_embd: int) -> None:
     """What GPT-2 and GPT-Neo both refuse: another MLP width, activation, LayerNorm epsilon or an
     untied LM head, and options tinylm's attention lacks."""
-    if hf[mlp] not in (None, 4 * hf[n_embd]):
+    if hf[mlp] not in (None, 4 * n_embd):
         raise refused(where, mlp, hf[mlp], "tinylm's MLP is 4 x n_embd wide")
     if not isinstance(hf["activation_function"], str) or (
             hf["activation_function"] not in ACTIVATIONS):
@@ -124,36 +109,17 @@ def shared_checks(hf: dict, where: Path, mlp: str, n_embd: str) -> None:
 def read_config(hf: dict, where: Path, layers: int) -> GPT2Config:
     """The GPT2Config of a transformers GPT-2 config.json whose weights hold `layers` blocks."""
     hf = {**DEFAULTS, **hf}
-    shape = {"vocab_size": "vocab_size", "block_size": "n_positions", "n_layer": "n_layer",
-             "n_head": "n_head", "n_embd": "n_embd"}
-    whole_numbers(hf, shape.values(), where)
-    same_layers(hf, "n_layer", layers, where)
-    shared_checks(hf, where, "n_inner", "n_embd")
-    try:
-        # no dropout: a pretrained model is loaded to be read, not trained
-        return GPT2Config(**{ours: hf[theirs] for ours, theirs in shape.items()}, dropout=0.0,
-                          bias=True, activation=ACTIVATIONS[hf["activation_function"]],
-                          attention_scale=hf["scale_attn_weights"])
-    except (TypeError, ValueError) as err:
-        raise ValueError(f"{where}: {err}") from None
-
-
-def layer_count(file: Path) -> int:
-    """How many blocks the weights file holds, from its header."""
-    return layers_in(file, BLOCK)
+    shape = common.shape_of(hf, SHAPE, where, layers)
+    shared_checks(hf, where, "n_inner", shape["n_embd"])
+    return common.built(GPT2Config, where, **shape, bias=True,
+                        activation=ACTIVATIONS[hf["activation_function"]],
+                        attention_scale=hf["scale_attn_weights"])
 
 
 def load(file: Path, model: GPT2LM) -> None:
     """The model's weights from a GPT-2 safetensors file, into `model` built on the meta device."""
     conv1d = frozenset(f"h.{i}.{name}" for i in range(model.config.n_layer) for name in CONV1D)
-    assign_tied(model, read_tensors(file, model, table(model.config.n_layer, BLOCK_NAMES), conv1d))
-
-
-def assign_tied(model: GPT2LM, state: dict[str, torch.Tensor]) -> None:
-    """Put `state` into the model, whose LM head is its token embedding."""
-    state["lm_head.weight"] = state["wte.weight"]
-    model.load_state_dict(state, strict=True, assign=True)
-    model.lm_head.weight = model.wte.weight  # tied again: assign gave each its own Parameter
+    common.load_weights(file, model, table(model.config.n_layer, BLOCK_NAMES), conv1d)
 
 
 def read_tokenizer(file: Path, hf: dict) -> Tokenizer:

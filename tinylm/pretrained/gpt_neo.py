@@ -13,23 +13,25 @@ from pathlib import Path
 
 import torch
 
+import tinylm.pretrained.common as common
 from tinylm.attention import MultiHeadAttention
 from tinylm.config import at_least, bad
-from tinylm.pretrained.common import WEIGHTS_FILE, read_tensors, refused, same_layers, whole_numbers
-from tinylm.pretrained.gpt2 import (
+from tinylm.pretrained.common import WEIGHTS_FILE, refused
+from tinylm.pretrained.gpt2 import (  # noqa: F401  (GPT-2's blocks h.{i}. and tokenizer)
     ACTIVATIONS,
+    BLOCK,
     BLOCK_NAMES,
     GPT2LM,
     GPT2Config,
-    assign_tied,
-    layer_count,  # noqa: F401  (GPT-Neo's blocks are h.{i}. too: counted as GPT-2's)
-    read_tokenizer,  # noqa: F401  (GPT-2's tokenizer)
+    read_tokenizer,
     shared_checks,
     table,
 )
 
 MODEL_TYPES = ("gpt_neo",)
 PADDED_VOCABULARY = False
+SHAPE = {"vocab_size": "vocab_size", "block_size": "max_position_embeddings",
+         "n_layer": "num_layers", "n_head": "num_heads", "n_embd": "hidden_size"}
 DEFAULTS = {"vocab_size": 50257, "max_position_embeddings": 2048, "num_layers": 24,
             "num_heads": 16, "hidden_size": 2048, "intermediate_size": None,
             "activation_function": "gelu_new", "layer_norm_epsilon": 1e-5,
@@ -113,21 +115,15 @@ def read_config(hf: dict, where: Path, layers: int) -> GPTNeoConfig:
     """The GPTNeoConfig of a transformers GPT-Neo config.json whose weights hold `layers`
     blocks."""
     hf = {**DEFAULTS, **hf}
-    shape = {"vocab_size": "vocab_size", "block_size": "max_position_embeddings",
-             "n_layer": "num_layers", "n_head": "num_heads", "n_embd": "hidden_size"}
-    whole_numbers(hf, shape.values(), where)
-    same_layers(hf, "num_layers", layers, where)
-    shared_checks(hf, where, "intermediate_size", "hidden_size")
+    shape = common.shape_of(hf, SHAPE, where, layers)
+    shared_checks(hf, where, "intermediate_size", shape["n_embd"])
     kinds = hf.get("attention_layers") or _layer_kinds(hf["attention_types"], layers, where)
-    try:
-        return GPTNeoConfig(**{ours: hf[theirs] for ours, theirs in shape.items()}, dropout=0.0,
-                            bias=True, activation=ACTIVATIONS[hf["activation_function"]],
-                            attention_scale=False,  # GPT-Neo: q·kᵀ unscaled
-                            attention_layers=kinds, window_size=hf["window_size"])
-    except (TypeError, ValueError) as err:
-        raise ValueError(f"{where}: {err}") from None
+    return common.built(GPTNeoConfig, where, **shape, bias=True,
+                        activation=ACTIVATIONS[hf["activation_function"]],
+                        attention_scale=False,  # GPT-Neo: q·kᵀ unscaled
+                        attention_layers=kinds, window_size=hf["window_size"])
 
 
 def load(file: Path, model: GPTNeoLM) -> None:
     """The model's weights from a GPT-Neo safetensors file, into `model` built on meta."""
-    assign_tied(model, read_tensors(file, model, table(model.config.n_layer, NEO_BLOCK_NAMES)))
+    common.load_weights(file, model, table(model.config.n_layer, NEO_BLOCK_NAMES))

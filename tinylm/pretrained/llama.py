@@ -24,24 +24,20 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+import tinylm.pretrained.common as common
 from tinylm.attention import AttentionSteps, MultiHeadAttention
 from tinylm.config import at_least, bad, check, within
 from tinylm.hooks import HookPoint
 from tinylm.kv_cache import KVCache
 from tinylm.model import Block, ModelConfig, TinyLM
-from tinylm.pretrained.common import (
-    Table,
-    layers_in,
-    read_tensors,
-    refused,
-    same_layers,
-    whole_numbers,
-)
+from tinylm.pretrained.common import refused
 from tinylm.tokenizer import Tokenizer, load_tokenizer
 
 PADDED_VOCABULARY = True  # Qwen2.5 rounds its rows up
 MODEL_TYPES = ("llama", "qwen2", "mistral")
 BLOCK = r"model\.layers\.(\d+)\."  # a block's weights start model.layers.{i}.
+SHAPE = {"vocab_size": "vocab_size", "block_size": "max_position_embeddings",
+         "n_layer": "num_hidden_layers", "n_head": "num_attention_heads", "n_embd": "hidden_size"}
 # transformers' defaults, which a config.json may leave out
 COMMON_DEFAULTS = {"hidden_act": "silu", "rms_norm_eps": 1e-6, "num_key_value_heads": None,
                    "head_dim": None, "tie_word_embeddings": False, "attention_bias": False,
@@ -92,29 +88,17 @@ class LlamaConfig(ModelConfig):
         if (self.n_embd // self.n_head) % 2:
             raise bad("model.n_embd", self.n_embd, "n_embd / n_head must be even: rotary "
                       "positions turn pairs of a head's dimensions")
-        _check_rope_scaling(self.rope_scaling)
+        scaling = self.rope_scaling or {}  # its rope_type one of ROPE_SCALINGS (read_config)
+        for name in ROPE_SCALINGS.get(scaling.get("rope_type"), ()):
+            within(0, low_open=True)(f"model.rope_scaling.{name}", scaling[name])
+        if scaling.get("rope_type") == "llama3" and (
+                scaling["high_freq_factor"] <= scaling["low_freq_factor"]):
+            raise bad("model.rope_scaling.high_freq_factor", scaling["high_freq_factor"],
+                      "must be above low_freq_factor: the band between them is blended")
 
     @property
     def kv_heads(self) -> int:
         return self.n_kv_head or self.n_head
-
-
-def _check_rope_scaling(scaling) -> None:
-    if scaling is None:
-        return
-    kind = scaling.get("rope_type") if isinstance(scaling, dict) else None
-    if kind not in ROPE_SCALINGS:
-        raise bad("model.rope_scaling", scaling, "must be null, or a mapping whose rope_type is "
-                  f"{' or '.join(ROPE_SCALINGS)}")
-    unknown = set(scaling) - {"rope_type", *ROPE_SCALINGS[kind]}
-    if unknown:
-        raise bad("model.rope_scaling", scaling, f"{kind} takes {', '.join(ROPE_SCALINGS[kind])}"
-                  f", not {', '.join(sorted(unknown))}")
-    for name in ROPE_SCALINGS[kind]:
-        within(0, low_open=True)(f"model.rope_scaling.{name}", scaling.get(name))
-    if kind == "llama3" and scaling["high_freq_factor"] <= scaling["low_freq_factor"]:
-        raise bad("model.rope_scaling.high_freq_factor", scaling["high_freq_factor"],
-                  "must be above low_freq_factor: the band between them is blended")
 
 
 # ---- modules ----------------------------------------------------------------------------------
@@ -297,37 +281,27 @@ def read_config(hf: dict, where: Path, layers: int) -> LlamaConfig:
     `where`) whose weights hold `layers` blocks; what tinylm cannot do is refused in one line."""
     kind = hf.get("model_type")
     hf = {**COMMON_DEFAULTS, **DEFAULTS[kind], **hf, **FIXED.get(kind, {})}
-    shape = {"vocab_size": "vocab_size", "block_size": "max_position_embeddings",
-             "n_layer": "num_hidden_layers", "n_head": "num_attention_heads",
-             "n_embd": "hidden_size"}
-    whole_numbers(hf, [*shape.values(), "intermediate_size"], where)
-    if hf["num_key_value_heads"] is not None:
-        whole_numbers(hf, ["num_key_value_heads"], where)
-    same_layers(hf, "num_hidden_layers", layers, where)
+    shape = common.shape_of(hf, SHAPE, where, layers)
     if hf["hidden_act"] != "silu":
         raise refused(where, "hidden_act", hf["hidden_act"], "tinylm's SwiGLU gates with silu")
-    heads = hf["num_attention_heads"]
-    if hf["head_dim"] not in (None, hf["hidden_size"] // max(heads, 1)):
+    head_size = shape["n_embd"] // max(shape["n_head"], 1)
+    if hf["head_dim"] not in (None, head_size):
         raise refused(where, "head_dim", hf["head_dim"], f"tinylm's heads are hidden_size / "
-                      f"num_attention_heads = {hf['hidden_size'] // max(heads, 1)} wide")
+                      f"num_attention_heads = {head_size} wide")
     window = hf["sliding_window"]
     if (kind != "qwen2" or hf["use_sliding_window"]) and window is not None and (
-            type(window) is not int or window < hf["max_position_embeddings"]):
+            type(window) is not int or window < shape["block_size"]):
         raise refused(where, "sliding_window", window, "tinylm's Llama attention sees the whole "
                       "context: null, or at least max_position_embeddings")
     theta, scaling = _rope(hf, where)
-    try:
-        # no dropout: a pretrained model is loaded to be read, not trained
-        return LlamaConfig(**{ours: hf[theirs] for ours, theirs in shape.items()}, dropout=0.0,
-                           bias=False, n_kv_head=hf["num_key_value_heads"],
-                           intermediate_size=hf["intermediate_size"], rope_theta=theta,
-                           rope_scaling=scaling, rms_norm_eps=hf["rms_norm_eps"],
-                           tie_word_embeddings=hf["tie_word_embeddings"],
-                           attention_bias=hf["attention_bias"], mlp_bias=hf["mlp_bias"],
-                           # Llama's attention_bias is o_proj's too; Qwen2's q, k, v alone
-                           out_proj_bias=kind == "llama" and hf["attention_bias"])
-    except (TypeError, ValueError) as err:
-        raise ValueError(f"{where}: {err}") from None
+    return common.built(LlamaConfig, where, **shape, bias=False,
+                        n_kv_head=hf["num_key_value_heads"],
+                        intermediate_size=hf["intermediate_size"], rope_theta=theta,
+                        rope_scaling=scaling, rms_norm_eps=hf["rms_norm_eps"],
+                        tie_word_embeddings=hf["tie_word_embeddings"],
+                        attention_bias=hf["attention_bias"], mlp_bias=hf["mlp_bias"],
+                        # Llama's attention_bias is o_proj's too; Qwen2's q, k, v alone
+                        out_proj_bias=kind == "llama" and hf["attention_bias"])
 
 
 def _rope(hf: dict, where: Path) -> tuple[float, dict | None]:
@@ -362,11 +336,6 @@ def eos_id(hf: dict) -> int | None:
     return eos if type(eos) is int and eos >= 0 else None
 
 
-def layer_count(file: Path) -> int:
-    """How many blocks the weights file holds, from its header."""
-    return layers_in(file, BLOCK)
-
-
 # tinylm's name in block i <- the checkpoint's name in block i (which starts "model.layers.{i}.")
 BLOCK_NAMES = {
     "ln_1.weight": "input_layernorm.weight",
@@ -381,29 +350,15 @@ OUTSIDE_BLOCKS = {"wte.weight": "model.embed_tokens.weight", "ln_f.weight": "mod
                   "lm_head.weight": "lm_head.weight"}
 
 
-def table(model: LlamaLM) -> Table:
-    """Every name of `model`'s state dict that the file holds -> its name there (a tied LM head
-    is the embedding, read once)."""
-    names = dict(OUTSIDE_BLOCKS)
-    for i in range(model.config.n_layer):
-        names.update({f"blocks.{i}.{ours}": f"model.layers.{i}.{theirs}"
-                      for ours, theirs in BLOCK_NAMES.items()})
-    needed = set(model.state_dict())  # the biases this config has, among them
-    if model.config.tie_word_embeddings:
-        needed.discard("lm_head.weight")
-    return {ours: theirs for ours, theirs in names.items() if ours in needed}
+def table(n_layer: int) -> common.Table:
+    """Every tinylm name -> its name in the checkpoint, for n_layer blocks."""
+    return common.name_table(n_layer, "model.layers.{i}.", BLOCK_NAMES, OUTSIDE_BLOCKS)
 
 
 def load(file: Path, model: LlamaLM) -> None:
-    """The model's weights (float32) from a transformers Llama-family safetensors file, into
-    `model` built on the meta device."""
-    state = read_tensors(file, model, table(model))
-    tied = model.config.tie_word_embeddings
-    if tied:
-        state["lm_head.weight"] = state["wte.weight"]
-    model.load_state_dict(state, strict=True, assign=True)
-    if tied:  # tied again: assign gave each name its own Parameter
-        model.lm_head.weight = model.wte.weight
+    """The model's weights from a transformers Llama-family safetensors file, into `model` built
+    on the meta device."""
+    common.load_weights(file, model, table(model.config.n_layer))
 
 
 def read_tokenizer(file: Path, hf: dict) -> Tokenizer:

@@ -1,10 +1,10 @@
-"""optim=muon: Muon for the Linear matrices of the blocks, AdamW for everything else.
+"""optim=muon: Muon for the Linear matrices of the blocks, AdamW for everything else (built and
+scheduled in optim.py).
 
-Muon (torch.optim.Muon) replaces each matrix's momentum update by the nearest semi-orthogonal
-matrix (a few Newton-Schulz iterations), so every direction of the update moves by a similar
-amount instead of a few large ones dominating. It is defined for 2-D weights only; the embeddings
-(and the LM head tied to the token embedding), norms and biases stay with AdamW. The optimizer is
-built, and its learning rate scheduled, in tinylm/train/optim.py.
+Muon replaces each matrix's momentum update by the nearest semi-orthogonal matrix (a few
+Newton-Schulz iterations), so every direction of the update moves by a similar amount instead of
+a few large ones dominating. It is defined for 2-D weights only: embeddings (and the tied LM
+head), norms and biases stay with AdamW.
 """
 
 from __future__ import annotations
@@ -19,13 +19,10 @@ from tinylm.device import has_fast_bf16
 
 
 class ShapeBatchedMuon(torch.optim.Muon):
-    """torch.optim.Muon's update, with the Newton-Schulz iterations of all matrices of one shape
-    run as one batch (torch runs them one matrix at a time: many small matmuls).
-
-    The arithmetic per matrix, the state and the hyperparameters are torch's, so checkpoints load
-    in either. The iterations run in `ns_dtype`, or (None) in bf16 as torch's where the hardware
-    multiplies bf16 and in fp32 where bf16 is emulated and slow.
-    """
+    """torch.optim.Muon's update (its arithmetic, state and hyperparameters: checkpoints load in
+    either), with the Newton-Schulz iterations of all matrices of one shape run as one batch
+    instead of one matrix at a time. They run in `ns_dtype`, or (None) in bf16 as torch's where
+    the hardware multiplies bf16 and in fp32 where bf16 is emulated and slow."""
 
     def __init__(self, params, *, ns_dtype: torch.dtype | None = None, **settings):
         super().__init__(params, **settings)
@@ -34,9 +31,6 @@ class ShapeBatchedMuon(torch.optim.Muon):
     @torch.no_grad()
     def step(self) -> None:
         for group in self.param_groups:
-            if group["adjust_lr_fn"] not in (None, "original"):
-                raise ValueError(f"adjust_lr_fn={group['adjust_lr_fn']!r} is not supported "
-                                 "here; allowed: None, 'original'")
             params = [p for p in group["params"] if p.grad is not None]
             if not params:
                 continue
@@ -90,11 +84,10 @@ def directly(x: Tensor, coefficients: tuple[float, float, float], steps: int) ->
 def through_gram(x: Tensor, coefficients: tuple[float, float, float], steps: int) -> Tensor:
     """The same iterations, run on the small Gram matrix A = XXᵀ (n, rows, rows) instead of X.
 
-    Each step multiplies X by P = aI + bA + cA², so the result is X_s = P_s···P_1 X_0, and the
-    next A = P A Pᵀ = P A P (P is symmetric and, a polynomial in A, commutes with it). Only the
-    first A and the final product touch the wide X: 4·rows²·cols + (8·steps − 6)·rows³ FLOPs
-    against directly's steps·(4·rows²·cols + 2·rows³), fewer once cols > 1.5·rows at 5 steps.
-    Exact in fp32 up to rounding; bf16's rounding would not allow it.
+    Each step multiplies X by P = aI + bA + cA², so X_s = P_s···P_1 X_0, and the next A = PAP (P
+    is symmetric and commutes with A). Only the first A and the final product touch the wide X:
+    4·rows²·cols + (8·steps − 6)·rows³ FLOPs against directly's steps·(4·rows²·cols + 2·rows³),
+    fewer once cols > 1.5·rows at 5 steps. Exact in fp32 up to rounding, not in bf16.
     """
     a, b, c = coefficients
     gram = x @ x.mT  # (n, rows, rows)
@@ -109,8 +102,7 @@ def through_gram(x: Tensor, coefficients: tuple[float, float, float], steps: int
 
 
 class MuonWithAdamW:
-    """Two optimizers stepped as one: what the trainer, the gradient scaler and checkpoints use
-    (param_groups, step, zero_grad, state_dict, load_state_dict)."""
+    """Two optimizers as one, for the trainer, the gradient scaler and checkpoints."""
 
     def __init__(self, muon: torch.optim.Optimizer, adamw: torch.optim.Optimizer):
         self.muon, self.adamw = muon, adamw

@@ -1,9 +1,5 @@
-"""The optimizer and its schedule: AdamW (or Muon for the blocks' matrices, tinylm/train/muon.py)
-with weight decay on Linear matrices only, a linear warmup and a cosine decay to min_lr.
-
-    optimizer = configure_optimizer(model, OptimConfig())     # conf/optim/adamw.yaml
-    lr = set_lr(optimizer, step, optim, max_steps)            # before each step
-"""
+"""The optimizer and its schedule: AdamW (or Muon for the blocks' matrices, muon.py) with
+weight decay on Linear matrices only, a linear warmup and a cosine decay to min_lr."""
 
 from __future__ import annotations
 
@@ -21,8 +17,7 @@ OPTIMIZERS = ("adamw", "muon")
 
 @dataclass
 class OptimConfig:
-    """The optimizer (AdamW, or Muon + AdamW) and its learning-rate schedule; schema of
-    conf/optim/*.yaml (defaults: here only)."""
+    """The optimizer and its schedule: conf/optim/*.yaml's schema and defaults."""
 
     # adamw | muon (Muon for the blocks' matrices, AdamW for the rest); tinylm-train's
     # conf/config.yaml picks muon, tinylm-bench's conf/bench.yaml adamw (for GPT-2 as for ours)
@@ -61,11 +56,8 @@ def lr_at(step: int, optim: OptimConfig, max_steps: int) -> float:
 
 
 def set_lr(optimizer, step: int, optim: OptimConfig, max_steps: int) -> float:
-    """Set every group's learning rate for optimizer step `step`; returns the scheduled lr.
-
-    Each group gets it times its `lr_scale` (configure_optimizer gives Muon's group
-    muon_lr / lr, so that it peaks at muon_lr where AdamW's groups peak at lr).
-    """
+    """Set every group's learning rate for step `step` times its `lr_scale` (Muon's group:
+    muon_lr / lr, so that it peaks at muon_lr); returns the scheduled lr."""
     lr = lr_at(step, optim, max_steps)
     for group in optimizer.param_groups:
         group["lr"] = lr * group.get("lr_scale", 1.0)
@@ -73,12 +65,10 @@ def set_lr(optimizer, step: int, optim: OptimConfig, max_steps: int) -> float:
 
 
 def configure_optimizer(model: nn.Module, optim: OptimConfig):
-    """AdamW with weight decay on Linear matrices only (optim.name=muon: Muon for those
-    matrices); norms, biases, embeddings are not decayed.
+    """AdamW with weight decay on Linear matrices only (optim.name=muon: Muon for those).
 
-    Decay pulls weights toward 0; for a norm's gain or a bias that is not a sensible prior, and
-    the token embedding (shared with the LM head) holds rare tokens that get few gradient updates
-    and would shrink toward nothing.
+    Decay pulls weights toward 0: no sensible prior for a norm's gain or a bias, and the token
+    embedding (the LM head too) holds rare tokens that get few updates and would shrink to nothing.
     """
     # the matrices of Linear layers, and the rest (the tied LM head is the token embedding)
     embeddings = {id(m.weight) for m in model.modules() if isinstance(m, nn.Embedding)}

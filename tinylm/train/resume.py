@@ -1,16 +1,8 @@
 """Continuing a run: which checkpoint train.resume means, whether it fits this run, and the
 trainer state saved beside the weights (trainer_state.pt): what an uninterrupted run would still
-hold in memory (optimizer and scaler states, step, best val loss, tokens seen, and each process's
-sampler, RNG states and thread count), so that on CPU a resumed run continues bit for bit.
-
-    directory = checkpoint_to_resume(run_dir, train.resume)            # None: a fresh run
-    state = restore(directory, run_config, tokenizer_file, model, optimizer, scaler, warn)
-    restore_rank(state, rank, sampler, device)
-
-A resume with another train.max_steps than the checkpoint's keeps the schedule's shape (warmup,
-cosine to min_lr) and rebuilds it for the new max_steps, from the step it resumes at: the
-learning rate jumps there, and `warn` says from what to what (nothing changes where
-optim.lr_decay_steps fixes the schedule).
+hold in memory (optimizer, scaler, step, and each process's sampler, RNGs and thread count), so
+that on CPU a resumed run continues bit for bit. Another train.max_steps rebuilds the schedule
+for it from the step resumed at, unless optim.lr_decay_steps fixes it.
 """
 
 from __future__ import annotations
@@ -69,11 +61,8 @@ def checkpoint_to_resume(run_dir: Path, resume: bool | str) -> Path | None:
 
 
 def check_resume_matches(ckpt: Checkpoint, run_config: dict, tokenizer_file: Path) -> None:
-    """Refuse a checkpoint of another model shape, optimizer or tokenizer, saying what differs.
-
-    `run_config` is this run's (RunConfig.to_dict(), its vocab_size resolved); dropout is not
-    part of the shape: a run may continue with another dropout.
-    """
+    """Refuse a checkpoint of another model shape (dropout may change), optimizer or tokenizer
+    than `run_config` (RunConfig.to_dict(), vocab_size resolved), saying what differs."""
     model, saved_tok = run_config["model"], ckpt.run_config.get("tokenizer", {})
     differences = [f"model.{k}: checkpoint {v!r}, this run {model[k]!r}"
                    for k, v in dataclasses.asdict(ckpt.config).items()
@@ -144,10 +133,8 @@ def restore_rank(state: dict, rank: int, sampler: BatchSampler, device: torch.de
 
 def load_trainer_state(file: Path) -> dict:
     """trainer_state.pt as saved by training; anything else is refused in one line naming it.
-
-    Only tensors and plain containers load (weights_only): a pickle that would run code is
-    refused, and PyTorch's hint to retry with weights_only=False is never passed on.
-    """
+    Only tensors and plain containers load (weights_only), and PyTorch's hint to retry with
+    weights_only=False is never passed on."""
     not_ours = f"{file} is not a tinylm trainer state"
     try:
         state = torch.load(file, map_location="cpu", weights_only=True)
@@ -165,9 +152,8 @@ def load_trainer_state(file: Path) -> dict:
 
 def restore(directory: Path, run_config: dict, tokenizer_file: Path, model: torch.nn.Module,
             optimizer, scaler, warn: Callable[[str], None] = lambda line: None) -> dict:
-    """Load `directory`'s weights into `model` and its optimizer and scaler states into
-    `optimizer` and `scaler`, once it is checked to fit this run; returns the trainer state.
-    `warn` gets the line on a learning-rate schedule changed by another train.max_steps."""
+    """Load `directory`'s weights and optimizer and scaler states, once checked to fit this run;
+    returns the trainer state. `warn` gets the line on a schedule changed by train.max_steps."""
     ckpt = load_checkpoint(directory, device="cpu")
     check_resume_matches(ckpt, run_config, tokenizer_file)
     model.load_state_dict(ckpt.model.state_dict())

@@ -1,9 +1,5 @@
-"""The configuration of a training run: TrainConfig (the loop, evaluation, logging, checkpoints;
-conf/train/) and RunConfig (every group together, and where the run writes).
-
-    cfg = RunConfig(run_dir="runs/mine", train=TrainConfig(max_steps=100))
-    cfg = RunConfig.from_config({"model": {"n_layer": 2}, "train": {...}}, run_dir)
-"""
+"""The configuration of a training run: TrainConfig (conf/train/) and RunConfig (every group
+together, and where the run writes)."""
 
 from __future__ import annotations
 
@@ -22,8 +18,8 @@ from tinylm.train.runtime import PRECISIONS
 
 @dataclass
 class TrainConfig:
-    """The training loop, evaluation, logging, checkpoints; the schema of conf/train/*.yaml (each
-    default is written here only)."""
+    """The training loop, evaluation, logging, checkpoints: conf/train/*.yaml's schema and
+    defaults."""
 
     max_steps: int = 2000  # optimizer steps of the whole run
     batch_size: int = 16  # sequences per micro-batch (per process under torchrun)
@@ -61,7 +57,7 @@ class TrainConfig:
 
 @dataclass
 class RunConfig:
-    """Everything one training run needs: one dataclass per config group, and where to write."""
+    """One dataclass per config group, and where the run writes."""
 
     run_dir: str = "runs/default"
     model: ModelConfig = field(default_factory=ModelConfig)

@@ -1,18 +1,11 @@
 """Where and how a training process runs: the process group under torchrun, the precision, the
-matmul rate (for MFU), Ctrl-C / SIGTERM turned into a clean stop, a missing C++ compiler said.
-
-    rank, local_rank, world_size = init_distributed()    # (0, 0, 1) without torchrun
-    dtype, autocast, scaler = mixed_precision("auto", device)
-    with STOP.deferring() as stop:                       # stop.signum: set by the first signal
-        ...
-"""
+matmul rate (for MFU), and Ctrl-C / SIGTERM turned into a clean stop."""
 
 from __future__ import annotations
 
 import contextlib
 import math
 import os
-import re
 import signal
 import threading
 import time
@@ -56,16 +49,15 @@ class TrainingInterrupted(KeyboardInterrupt):
 
 
 class StopSignals:
-    """What SIGINT (Ctrl-C) and SIGTERM do in this process (one instance, STOP: handlers are the
-    process's). A command installs it for its whole life; the training loop defers to it.
+    """What SIGINT (Ctrl-C) and SIGTERM do in this process (one instance, STOP), installed by a
+    command for its whole life.
 
     Outside `deferring()` the first signal stops at once (Stopped). Inside, the first sets
     `signum`, which the loop checks between steps to save a checkpoint and stop, and a second
     stops at once (StoppedAgain; a checkpoint being written stays invisible until complete),
-    except under torchrun (abort_on_second=False), where Ctrl-C reaches each worker twice, from
-    the terminal and from torchrun, which itself kills workers that take too long. Once the
-    process is stopping, later signals are ignored: the way out (closing the logs, releasing the
-    lock, the last line) is never cut short by one more Ctrl-C.
+    except under torchrun, where Ctrl-C reaches each worker twice (from the terminal and from
+    torchrun, which kills workers that take too long). Once stopping, later signals are ignored:
+    the way out (closing the logs, releasing the lock, the last line) is never cut short.
     """
 
     SIGNALS = (signal.SIGINT, signal.SIGTERM)
@@ -86,8 +78,8 @@ class StopSignals:
         raise (Stopped if first else StoppedAgain)(signum)
 
     def install(self) -> bool:
-        """Handle the signals from now on, afresh; False where they cannot be (not the main
-        thread: Python delivers signals there only)."""
+        """Handle the signals from now on, afresh; False off the main thread, where Python
+        delivers no signals."""
         self.signum, self.aborted = None, False
         if threading.current_thread() is not threading.main_thread():
             return False
@@ -96,16 +88,16 @@ class StopSignals:
         return True
 
     def ignore(self) -> None:
-        """Ignore the signals from now on, where this handles them (a command that ends): at the
-        OS, so that Python's own ending, which resets its handlers, is not cut short either."""
+        """Ignore the signals from now on, at the OS, where this handles them: a command that
+        ends is not cut short, not even by Python's own ending, which resets its handlers."""
         if signal.getsignal(signal.SIGINT) == self._handle:
             for signum in self.SIGNALS:
                 signal.signal(signum, signal.SIG_IGN)
 
     @contextlib.contextmanager
     def deferring(self, abort_on_second: bool = True) -> Iterator[StopSignals]:
-        """The training loop's stretch. Where no command installed the handlers (a library
-        call of train()), they are installed for this stretch only."""
+        """The training loop's stretch; where no command installed the handlers (train() called
+        as a library), they are installed for this stretch only."""
         previous = {signum: signal.getsignal(signum) for signum in self.SIGNALS}
         ours = previous[signal.SIGINT] == self._handle
         installed = self.install() and not ours
@@ -119,23 +111,6 @@ class StopSignals:
 
 
 STOP = StopSignals()
-
-
-class CompilerMissing(ValueError):
-    """train.compile=true, and torch.compile found no C++ compiler to build its CPU kernels."""
-
-
-def compiler_missing(err: BaseException) -> CompilerMissing | None:
-    """The one-line error for a torch.compile that failed for want of a C++ compiler; None for
-    any other failure (inductor says so only in its message)."""
-    found = re.search(r"No working C\+\+ compiler[^\n]*", str(err))
-    if found is None:
-        return None
-    return CompilerMissing(
-        f"train.compile=true: torch.compile builds CPU kernels with a C++ compiler and found "
-        f"none ({found.group(0)}); install one (g++ or clang++; on Windows, Visual Studio's "
-        "Build Tools) or name it in the CXX environment variable, or train with "
-        "train.compile=false")
 
 
 # ------------------------------------------------------------------------------- torchrun
@@ -177,9 +152,8 @@ def all_reduce(values: list[float], world_size: int) -> list[float]:
 
 
 def resolve_precision(precision: str, device: torch.device) -> torch.dtype:
-    """The autocast dtype for train.precision; `auto` picks the fastest that keeps the loss curve:
-    bf16 where the hardware has it (CUDA, or a CPU with AVX512-BF16 or AMX), else fp16 on CUDA
-    (with a gradient scaler) and fp32 on a CPU, where bf16 is emulated and slow."""
+    """The autocast dtype for train.precision; `auto`: bf16 where the hardware has it, else fp16
+    on CUDA (with a gradient scaler) and fp32 on a CPU, where bf16 is emulated and slow."""
     if precision == "auto":
         if has_fast_bf16(device):
             return torch.bfloat16
@@ -191,8 +165,8 @@ def resolve_precision(precision: str, device: torch.device) -> torch.dtype:
 
 def mixed_precision(precision: str, device: torch.device
                     ) -> tuple[torch.dtype, torch.autocast, torch.amp.GradScaler]:
-    """(dtype, the autocast context the forward passes run in, the gradient scaler): the scaler
-    works only in fp16, whose small gradients would otherwise round to zero."""
+    """(dtype, the forward passes' autocast, the gradient scaler): the scaler works only in fp16,
+    whose small gradients would otherwise round to zero."""
     dtype = resolve_precision(precision, device)
     autocast = torch.autocast(device.type, dtype=dtype, enabled=dtype != torch.float32)
     return dtype, autocast, torch.amp.GradScaler(device.type, enabled=dtype == torch.float16)
@@ -205,37 +179,30 @@ def matmul_peak_flops(device: torch.device, dtype: torch.dtype) -> float:
     # its own generator: the global RNG (dropout) must not depend on whether this ran
     generator = torch.Generator().manual_seed(0)
     a, b = (torch.randn(n, n, generator=generator).to(device, dtype) for _ in range(2))
+    sync = torch.cuda.synchronize if device.type == "cuda" else lambda device: None
     best = math.inf
     for _ in range(4):  # the first product also pays for kernel selection; keep the best
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
+        sync(device)
         start = time.perf_counter()
         a @ b
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
+        sync(device)
         best = min(best, time.perf_counter() - start)
     return 2 * n**3 / best
 
 
 def flops_per_token(model: TinyLM, seq_len: int | None = None) -> float:
-    """Training FLOPs (forward + backward) per token at context `seq_len` (default block_size).
-
-    6 per parameter (2 forward, 4 backward) plus attention's q·kᵀ and weights·v, which do not
-    show in the parameter count: 2 matmuls x 2 FLOPs x 3 (fwd+bwd) = 12 per layer, head dim
-    and key position. Counts every key (the causal half is not subtracted), as in the PaLM
-    appendix, so MFU figures stay comparable with nanoGPT's.
-    """
+    """Training FLOPs per token at context `seq_len` (default block_size): 6 per parameter, plus
+    12 per layer, head dim and key for attention's q·kᵀ and weights·v (fwd + bwd), every key
+    counted as in the PaLM appendix, so that MFU compares with nanoGPT's."""
     c = model.config
-    t = seq_len or c.block_size
-    return 6 * model.num_params() + 12 * c.n_layer * c.n_embd * t
+    return 6 * model.num_params() + 12 * c.n_layer * c.n_embd * (seq_len or c.block_size)
 
 
 def check_fits_in_memory(model_cfg: ModelConfig, vocab_size: int, batch_size: int,
                          device: torch.device) -> None:
-    """Refuse, before anything is allocated, a run whose model cannot fit in the memory free on
-    `device`. The estimate is a floor: fp32 weights, their gradients and at least one optimizer
-    state (12 bytes a parameter, counted on the meta device), and one batch's residual stream
-    per layer and logits; a run that fails it would end in an allocation error later."""
+    """Refuse, before anything is allocated, a run that cannot fit in the memory free on `device`.
+    A floor: fp32 weights, gradients and one optimizer state (12 bytes a parameter, counted on
+    the meta device), and one batch's residual stream per layer and logits."""
     with torch.device("meta"):
         params = sum(p.numel() for p in TinyLM(replace(model_cfg, vocab_size=vocab_size))
                      .parameters())

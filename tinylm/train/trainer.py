@@ -1,12 +1,10 @@
-"""Training: the loop that steps, evaluates, logs to TensorBoard and checkpoints a run.
+"""Training: the loop that steps, evaluates, logs to TensorBoard (scalars, a sample, the attention
+tab's data, hyperparameters) and checkpoints a run.
 
-    from tinylm.train.run_config import RunConfig, TrainConfig
-    from tinylm.train.trainer import train
     metrics = train(RunConfig(run_dir="runs/mine", train=TrainConfig(max_steps=100)))
 
-Under torchrun every process runs the same loop. A run directory holds checkpoints/ and
-tensorboard/; on CPU a run stopped and resumed reaches bit for bit the weights and losses of the
-same run uninterrupted (tinylm/train/resume.py saves everything random with the checkpoint).
+Under torchrun every process runs the same loop. On CPU a run stopped and resumed reaches bit for
+bit the weights and losses of the same run uninterrupted (resume.py saves everything random).
 """
 
 from __future__ import annotations
@@ -15,6 +13,7 @@ import contextlib
 import dataclasses
 import logging
 import math
+import re
 import signal
 import time
 from collections.abc import Callable
@@ -23,7 +22,10 @@ from pathlib import Path
 import numpy as np
 import torch
 import torch.distributed as dist
+import yaml
 from torch import nn
+from torch.utils.tensorboard import SummaryWriter
+from torch.utils.tensorboard.summary import hparams
 from tqdm.auto import tqdm
 from tqdm.contrib.logging import logging_redirect_tqdm
 
@@ -40,8 +42,10 @@ from tinylm.config import ConfigError, bad
 from tinylm.data import BatchSampler, check_enough_tokens, prepare_data
 from tinylm.device import ThreadChoice, apply_threads, resolve_device, start_sample
 from tinylm.fast import cheaper_dropout
+from tinylm.generate import encode_prompt, generate
+from tinylm.inspection.capture import capture_attention
+from tinylm.inspection.tensorboard_plugin.summary import write_attention
 from tinylm.model import TinyLM
-from tinylm.train.logs import TrainingLogs
 from tinylm.train.optim import configure_optimizer, set_lr
 from tinylm.train.resume import (
     checkpoint_to_resume,
@@ -57,7 +61,6 @@ from tinylm.train.runtime import (
     TrainingInterrupted,
     all_reduce,
     check_fits_in_memory,
-    compiler_missing,
     flops_per_token,
     gather,
     init_distributed,
@@ -77,13 +80,9 @@ class TrainingDiverged(RuntimeError):
 def train(cfg: RunConfig, on_start: Callable[[], None] | None = None) -> dict:
     """Train a model as `cfg` says; returns the final metrics and where things were written.
 
-    `on_start` is called (on rank 0) once nothing can refuse the run any more, before its first
-    write into the run directory: the command writes its record of the run there.
-    Raises ConfigError for bad input (before any work), RunDirInUse when another process writes
-    cfg.run_dir, TrainingInterrupted after Ctrl-C or SIGTERM (a checkpoint saved first),
-    TrainingDiverged when the loss or the weights stop being finite, CheckpointNotWritten when
-    a checkpoint cannot be written (a full disk). torch's thread count (train.threads) is set
-    back to what it was when it returns.
+    `on_start` is called on rank 0 before the run's first write into its directory, once nothing
+    can refuse the run any more. Raises ConfigError (before any work), RunDirInUse,
+    TrainingInterrupted (after a checkpoint), TrainingDiverged, CheckpointNotWritten.
     """
     rank, _, _ = init_distributed()
     check_fits_in_memory(cfg.model, cfg.model.vocab_size or cfg.tokenizer.vocab_size or 1,
@@ -94,20 +93,22 @@ def train(cfg: RunConfig, on_start: Callable[[], None] | None = None) -> dict:
         with run_dir_lock(cfg.run_dir) if rank == 0 else contextlib.nullcontext():
             return Trainer(cfg, on_start).run()
     except Exception as err:  # torch.compile builds its kernels in the first step
-        missing = compiler_missing(err) if cfg.train.compile else None
-        if missing is None:
+        found = re.search(r"No working C\+\+ compiler[^\n]*", str(err)) if cfg.train.compile \
+            else None
+        if found is None:
             raise
-        raise missing from None
+        raise ValueError(
+            f"train.compile=true: torch.compile builds CPU kernels with a C++ compiler and found "
+            f"none ({found.group(0)}); install one (g++ or clang++; on Windows, Visual Studio's "
+            "Build Tools) or name it in the CXX environment variable, or train with "
+            "train.compile=false") from None
     finally:
         torch.set_num_threads(threads)
 
 
 class Trainer:
-    """One run's moving parts (model, optimizer, sampler, logs) and the steps that move them.
-
-    Under torchrun every rank builds one; they take the same steps in lockstep, and only rank 0
-    writes logs and checkpoints.
-    """
+    """One run's model, optimizer, sampler and logs, and the steps that move them. Under torchrun
+    every rank builds one and steps in lockstep; only rank 0 writes logs and checkpoints."""
 
     def __init__(self, cfg: RunConfig, on_start: Callable[[], None] | None = None):
         cpu_sample = start_sample()  # threads=auto: how busy the cores are during start-up
@@ -153,7 +154,7 @@ class Trainer:
         torch.manual_seed(t.seed)
         self.model = TinyLM(model_cfg).to(device)  # the plain module: saved, sampled, probed
         cheaper_dropout(self.model)  # training's faster paths: this and need_logits=False below
-        self.logs = TrainingLogs(t, self.tokenizer) if self.is_main else None
+        self.writer: SummaryWriter | None = None  # rank 0's TensorBoard event files
         try:
             self.optimizer = configure_optimizer(self.model, cfg.optim)
             self.step, self.best_val, self.tokens_seen = 0, math.inf, 0
@@ -162,8 +163,7 @@ class Trainer:
             if self.is_main:  # nothing can refuse the run any more: its first writes
                 if on_start is not None:
                     on_start()
-                self.logs.open(self.run_dir / TENSORBOARD_DIR, self.step,
-                               self.run_config.to_dict())
+                self.open_logs()
         except BaseException:  # e.g. a write the disk refused: the event files close
             self.close_logs()
             raise
@@ -283,19 +283,38 @@ class Trainer:
         tokens_per_s = len(losses) * self.tokens_per_step / seconds
         bar.set_postfix(loss=f"{mean_loss:.4f}", tok_s=f"{tokens_per_s:,.0f}")
         mfu = flops_per_token(self.model) * tokens_per_s / self.peak_flops
-        self.logs.train_scalars(self.step, mean_loss, grad_norm, lr, tokens_per_s, mfu)
+        for name, value in (("loss", mean_loss), ("lr", lr), ("grad_norm", grad_norm),
+                            ("tokens_per_sec", tokens_per_s), ("mfu", mfu)):
+            self.writer.add_scalar(f"train/{name}", value, self.step)
 
     def evaluate(self) -> float:
-        """Validation loss (all ranks), and on rank 0 its scalars, a sample and attention maps."""
-        model = self.forward.module if self.world_size > 1 else self.forward  # no DDP sync
-        val_loss = validation_loss(model, self.val_ids, self.t, self.model.config.block_size,
-                                   self.device, self.autocast, self.rank, self.world_size)
-        if self.is_main:
-            perplexity = math.exp(min(val_loss, 50.0))
-            # said as soon as it is known, before the sample and the probe prompt's forward passes
-            self.info(f"step {self.step}: val loss {val_loss:.4f}, perplexity {perplexity:.2f}"
-                      f"{' (best)' if val_loss < self.best_val else ''}")
-            self.logs.evaluation(self.model, self.step, val_loss, perplexity, self.device)
+        """Validation loss (all ranks); on rank 0 its scalars, a sample, and every head's
+        attention on the probe prompt (the "tinylm attention" tab's)."""
+        t, model, step = self.t, self.model, self.step
+        val_loss = validation_loss(self.forward.module if self.world_size > 1 else self.forward,
+                                   self.val_ids, t, model.config.block_size, self.device,
+                                   self.autocast, self.rank, self.world_size)  # no DDP sync
+        if not self.is_main:
+            return val_loss
+        perplexity = math.exp(min(val_loss, 50.0))
+        # said as soon as it is known, before the sample and the probe prompt's forward passes
+        self.info(f"step {step}: val loss {val_loss:.4f}, perplexity {perplexity:.2f}"
+                  f"{' (best)' if val_loss < self.best_val else ''}")
+        self.writer.add_scalar("val/loss", val_loss, step)
+        self.writer.add_scalar("val/perplexity", perplexity, step)
+        model.eval()
+        if t.sample_tokens:
+            ids, _ = encode_prompt(self.tokenizer, t.sample_prompt, model.config.block_size)
+            generator = torch.Generator(device=self.device).manual_seed(t.seed)  # same each time
+            out = generate(model, torch.tensor([ids], device=self.device), t.sample_tokens,
+                           temperature=0.8, top_k=50, generator=generator,
+                           stop_id=self.tokenizer.eot_id)
+            text = self.tokenizer.decode(out[0].tolist())
+            self.writer.add_text("samples/text", "```\n" + text + "\n```", step)
+        if t.probe_prompt:
+            capture = capture_attention(model, self.tokenizer, t.probe_prompt)
+            write_attention(self.writer, "probe_prompt", capture, step)
+        model.train()
         return val_loss
 
     def recheck_threads(self) -> None:
@@ -332,8 +351,7 @@ class Trainer:
                               f"raise train.max_steps")
         self.tokens_seen = state["tokens_seen"]
         if state["world_size"] == self.world_size:
-            # the count the run had at this checkpoint, so that its steps compute as they did;
-            # None: a trainer state older than the saved thread count
+            # the run's count, so that its steps compute as they did; None: an older state
             saved = int(state["threads"][self.rank]) if state.get("threads") else None
             if saved is not None and self.t.threads == "auto":
                 torch.set_num_threads(saved)
@@ -353,33 +371,46 @@ class Trainer:
         self.info(f"Resuming from {directory} at step {self.step}")
 
     def _diverged(self, when: str) -> TrainingDiverged:
-        return TrainingDiverged(f"training diverged {when}; {self._last_good()}; try a lower "
-                                f"optim.lr (now {self.cfg.optim.lr}) or train.precision=fp32")
-
-    def _last_good(self) -> str:
         kept = self.last_checkpoint()
-        return f"the last good checkpoint is {kept}" if kept else "no checkpoint was saved yet"
+        kept = f"the last good checkpoint is {kept}" if kept else "no checkpoint was saved yet"
+        return TrainingDiverged(f"training diverged {when}; {kept}; try a lower optim.lr (now "
+                                f"{self.cfg.optim.lr}) or train.precision=fp32")
 
     def last_checkpoint(self) -> Path | None:
         """The checkpoint tagged last (on rank 0; None elsewhere or before the first)."""
         return tagged_checkpoint(self.run_dir / CHECKPOINTS_DIR, "last") if self.is_main else None
 
+    def open_logs(self) -> None:
+        """Rank 0's event files; a fresh run writes its hyperparameters (the HPARAMS tab, with the
+        val scalars as its metrics) and its config."""
+        # purge_step hides what an earlier attempt logged after this checkpoint's step
+        self.writer = SummaryWriter(str(self.run_dir / TENSORBOARD_DIR),
+                                    purge_step=self.step + 1 if self.step else None)
+        if self.step:
+            return
+        run_config = self.run_config.to_dict()
+        flat = {f"{group}.{key}": value if isinstance(value, int | float | str | bool)
+                else str(value) for group, values in run_config.items()
+                for key, value in values.items()}
+        for summary in hparams(flat, {"val/loss": 0.0, "val/perplexity": 0.0}):
+            self.writer.file_writer.add_summary(summary)
+        self.writer.add_text("config",
+                             "```\n" + yaml.safe_dump(run_config, sort_keys=False) + "```")
+
     def close_logs(self) -> None:
-        """Close rank 0's logs (TrainingLogs.close) once."""
-        if self.logs is not None:
-            self.logs.close()
-            self.logs = None
+        """Close rank 0's event files, once."""
+        if self.writer is not None:
+            self.writer.close()
+            self.writer = None
 
 
 @torch.no_grad()
 def validation_loss(model: nn.Module, val_ids: np.ndarray, cfg: TrainConfig, block_size: int,
                     device: torch.device, autocast=None, rank: int = 0,
                     world_size: int = 1) -> float:
-    """Mean loss over cfg.eval_batches batches of windows spread evenly over the val split.
-
-    Evenly spread instead of random: the same windows at every evaluation and in every run,
-    whatever the seed, and a closer estimate of the whole split's loss for the same cost.
-    """
+    """Mean loss over cfg.eval_batches batches of windows spread evenly over the val split:
+    the same windows at every evaluation and in every run, and a closer estimate of the whole
+    split's loss than random ones for the same cost."""
     n = cfg.eval_batches * cfg.batch_size * world_size
     starts = np.linspace(0, len(val_ids) - block_size - 1, n).round().astype(np.int64)
     autocast = autocast or contextlib.nullcontext()
