@@ -67,3 +67,25 @@ def test_a_prepare_killed_during_bpe_training_leaves_no_trainer_running(corpus, 
     _, alive = psutil.wait_procs(trainers, timeout=3)
     assert alive == []
     process.stdout.close(), process.stderr.close()
+
+
+def test_ctrl_c_as_the_trainer_starts_ends_the_prepare_in_one_line(corpus, tmp_path):
+    """A terminal's Ctrl-C reaches every process of its group: the trainer too, while it is still
+    importing, where it must not print a traceback of its own."""
+    (tmp_path / "tmp").mkdir()
+    process = subprocess.Popen(
+        [sys.executable, "-m", "tinylm.cli.prepare", "data=text", "data.files=[words.txt]",
+         "tokenizer.vocab_size=30000", f"data.cache_dir={tmp_path / 'cache'}"],
+        cwd=corpus, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+        start_new_session=True,  # its own process group, as a terminal's command has
+        env={**os.environ, "TMPDIR": str(tmp_path / "tmp")})
+    deadline = time.monotonic() + 60
+    while not (trainers := psutil.Process(process.pid).children()) and time.monotonic() < deadline:
+        time.sleep(0.005)
+    assert trainers, "the BPE trains in a child process"
+    # what Ctrl-C signals is the command's group: the trainer, just started, is not in it
+    assert [os.getpgid(t.pid) for t in trainers] != [os.getpgid(process.pid)]
+    os.killpg(process.pid, signal.SIGINT)
+    _, err = process.communicate(timeout=60)
+    assert process.returncode == 128 + signal.SIGINT
+    assert err.strip() == "tinylm-prepare: interrupted (no partial cache is left behind)"

@@ -1,5 +1,6 @@
 """Each command's --help is Hydra's: what the command does, its own options with their values as
-composed (Hydra's $CONFIG), training's config groups with their real choices, its examples. The
+composed (Hydra's $CONFIG), training's config groups with their real choices, what each option
+means, its examples. The
 schema every file of a group starts from is no choice: not listed, and refused when chosen."""
 
 import dataclasses
@@ -75,6 +76,26 @@ def test_probe_help_shows_each_option_with_its_default(monkeypatch, capsys):
     said = help_of("tinylm-probe", monkeypatch=monkeypatch, capsys=capsys)
     assert row(said, "batch_size") == "batch_size: 64"
     assert row(said, "checkpoint") == "checkpoint: null"
+
+
+def meaning(text: str, key: str) -> str:
+    """What the help says option `key` means, its wrapped lines joined."""
+    found = re.search(rf"^What each option means:\n(?:.*\n)*?  {re.escape(key)}: (.*(?:\n    .*)*)",
+                      text, re.MULTILINE)
+    assert found, f"no meaning for {key}"
+    return " ".join(found[1].split())
+
+
+def test_help_says_what_each_option_means_in_the_words_beside_its_field(monkeypatch, capsys):
+    said = help_of("tinylm-explain", monkeypatch=monkeypatch, capsys=capsys)
+    assert meaning(said, "query").startswith("row to walk through: an index from 0 (query=0 is "
+                                             "q0, the explainer's \"query 1\"")
+    said = help_of("tinylm-generate", monkeypatch=monkeypatch, capsys=capsys)
+    assert meaning(said, "prompt_file").endswith("(its last line break dropped: the text goes on "
+                                                 "after the last word)")
+    said = help_of("tinylm-train", monkeypatch=monkeypatch, capsys=capsys)
+    assert meaning(said, "model.block_size") == "longest context, in tokens"
+    assert meaning(said, "train.max_steps") == "optimizer steps of the whole run"
 
 
 def test_help_shows_the_values_the_command_line_gives(monkeypatch, capsys):

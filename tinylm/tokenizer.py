@@ -146,7 +146,8 @@ class BPETokenizer(Tokenizer):
             child = subprocess.Popen(
                 [sys.executable, "-c", _CHILD, str(vocab_size), str(int(show_progress)), str(out)],
                 stdin=subprocess.PIPE, bufsize=1 << 20,
-                cwd=Path(__file__).parents[1])  # the child imports this tinylm, not the cwd's
+                cwd=Path(__file__).parents[1],  # the child imports this tinylm, not the cwd's
+                **OUT_OF_CTRL_C)
             try:
                 _send(texts, child.stdin)
                 while child.poll() is None:  # short waits, so that handlers run, on Windows too
@@ -211,6 +212,10 @@ class BPETokenizer(Tokenizer):
 
 # What BPETokenizer.train runs in its child process (argv: vocab_size, show_progress, out file).
 _CHILD = "from tinylm.tokenizer import _train_in_child; _train_in_child()"
+# A terminal's Ctrl-C reaches every process of its group, and the child, still importing, would
+# print a traceback of its own: it gets a group of its own (the parent alone decides to stop it)
+OUT_OF_CTRL_C = {"creationflags": subprocess.CREATE_NEW_PROCESS_GROUP} if os.name == "nt" \
+    else {"start_new_session": True}
 _END = (1 << 64) - 1  # the length that ends the texts sent to the child
 
 
@@ -236,8 +241,7 @@ def _received(pipe: BinaryIO) -> Iterator[str]:
 
 def _train_in_child() -> None:
     """The child's side of BPETokenizer.train: texts from stdin, the tokenizer to argv's file."""
-    # Ctrl-C reaches every process of the terminal's group: the parent alone decides to stop
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent alone decides to stop (above)
     vocab_size, show_progress, out = sys.argv[1:]
     hf = HFTokenizer(models.BPE())
     # No normalizer: text must come back exactly as it went in. Runs of MAX_PIECE characters

@@ -13,14 +13,17 @@ from __future__ import annotations
 from tinylm.cli import starting  # noqa: F401 (first: Ctrl-C while the rest imports)
 
 # isort: split
+import contextlib
 import dataclasses
 import errno
+import inspect
 import itertools
 import os
 import re
 import shlex
 import signal
 import sys
+import textwrap
 import types
 import typing
 from collections.abc import Callable
@@ -334,6 +337,9 @@ def type_rule(owner: Any, key: Any) -> str:
     return rule + ", or null" if type(None) in options else rule
 
 
+HELP_WIDTH = 100  # columns --help wraps its lines to
+
+
 def register_help(prog: str, config_name: str, schema: type, groups: tuple[str, ...]) -> None:
     """Fill in ${tinylm.help:<part>} of conf/hydra/help/tinylm.yaml: the command's name, what it
     does and its examples (the opening comment of conf/<config_name>.yaml: its first line, and
@@ -347,6 +353,11 @@ def register_help(prog: str, config_name: str, schema: type, groups: tuple[str, 
             "about": lambda: comment[0].strip() if comment else prog,
             "examples": lambda: "\n".join(f"  {line.strip()}" for line in comment
                                           if line.split()[:1] == [prog]),
+            "meanings": lambda: "".join(
+                "\n" + textwrap.fill(text, HELP_WIDTH, initial_indent=f"  {key}: ",
+                                     subsequent_indent="    ")
+                for key, text in field_comments(schema).items()
+            ).replace("\n", "\n\nWhat each option means:\n", 1),
             "groups": lambda: "".join(
                 f"\n  {group}={chosen.get(group) or 'null'}  (choices: "
                 f"{', '.join(group_choices(group))})"
@@ -355,3 +366,29 @@ def register_help(prog: str, config_name: str, schema: type, groups: tuple[str, 
         }[name]()
         return text.replace("$", "$$")  # Hydra fills the template in with $NAME
     OmegaConf.register_new_resolver("tinylm.help", part, replace=True)
+
+
+def field_comments(cls: type, prefix: str = "") -> dict[str, str]:
+    """What each option of dataclass `cls` means: the comment beside its field in the source and
+    the comment lines that go on under it, said once; a field that holds a config group's
+    dataclass gives that group's options, as group.key."""
+    beside = {}
+    with contextlib.suppress(OSError, TypeError):  # made at run time (run_schema): no source
+        name, column = None, -1
+        for line in inspect.getsource(cls).splitlines():
+            field = re.match(r"\s*(\w+): [^#]*#\s*", line)
+            going_on = re.match(r"\s*#\s*", line)
+            if field:
+                name, column = field.group(1), field.end()
+                beside[name] = line[column:].strip()
+            elif name and going_on and abs(going_on.end() - column) <= 2:
+                beside[name] += " " + line[going_on.end():].strip()
+            else:
+                name = None
+    described = {}
+    for f in dataclasses.fields(cls):
+        if isinstance(f.type, type) and dataclasses.is_dataclass(f.type):
+            described.update(field_comments(f.type, f"{prefix}{f.name}."))
+        elif f.name in beside:
+            described[prefix + f.name] = beside[f.name]
+    return described

@@ -31,8 +31,8 @@ class ProbeConfig:
     """Options of tinylm-probe; the schema of conf/probe.yaml (defaults: here only)."""
 
     checkpoint: str | None = None  # a run directory, its checkpoints/, or one checkpoint directory
-    probe_file: Any = None  # JSONL file(s); None: the shipped data/probes/ sets (Any: OmegaConf
-    #                         has no "str or list")
+    # Any: OmegaConf has no "str or list"
+    probe_file: Any = None  # JSONL file(s); None: the shipped data/probes/ sets
     out: str | None = None  # the JSON report; None: <logdir>/probe.json
     logdir: str | None = None  # TensorBoard heatmaps; None: <run dir>/probe/<timestamp>;
     #                            one holding an earlier report: a new <timestamp> folder in it
