@@ -166,6 +166,10 @@ LLAMA = {"model_type": "llama", "vocab_size": 300, "hidden_size": 32, "intermedi
     ({"rope_scaling": {"rope_type": "llama3", "factor": 8.0}}, ["low_freq_factor=None"]),
     ({"partial_rotary_factor": 0.5}, ["partial_rotary_factor=0.5"]),
     ({"num_attention_heads": 32}, ["n_head must be even"]),
+    ({"intermediate_size": 64.0}, ["intermediate_size=64.0", "whole number"]),
+    ({"num_key_value_heads": "2"}, ["num_key_value_heads='2'", "whole number"]),
+    ({"intermediate_size": [1] * 100_000}, ["intermediate_size=[1, 1,", "...", "whole number"]),
+    ({"rms_norm_eps": {"e": "x" * 100_000}}, ["rms_norm_eps={'e': 'xxx", "..."]),
 ])
 def test_what_tinylm_cannot_do_is_refused_in_one_line(tmp_path, change, words):
     where = tmp_path / "config.json"
@@ -173,6 +177,7 @@ def test_what_tinylm_cannot_do_is_refused_in_one_line(tmp_path, change, words):
         llama.read_config({**LLAMA, **change}, where, layers=2)
     message = str(err.value)
     assert "\n" not in message and message.startswith(str(where))
+    assert len(message) < len(str(where)) + 200  # a crafted value is cut, not printed whole
     for word in words:
         assert word in message, message
 

@@ -119,6 +119,15 @@ def test_char_tokenizer_names_a_character_it_does_not_know(char):
         char.encode("caf\u00e9")
 
 
+@pytest.mark.parametrize("token_id", [-1, "vocab_size"])
+def test_char_tokenizer_refuses_an_id_outside_its_vocabulary_in_one_line(char, token_id):
+    # a model wider than its tokenizer (model.vocab_size) can sample such an id
+    token_id = char.vocab_size if token_id == "vocab_size" else token_id
+    with pytest.raises(ValueError, match=rf"^token id {token_id} is outside this tokenizer's "
+                                         rf"vocabulary of {char.vocab_size}$"):
+        char.decode([0, token_id])
+
+
 @pytest.mark.parametrize("kind", ["bpe", "char"])
 def test_save_and_load_give_the_same_tokenizer(kind, bpe, char, tmp_path):
     tok = {"bpe": bpe, "char": char}[kind]

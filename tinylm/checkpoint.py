@@ -156,12 +156,12 @@ def _step_lock(step: Path, shared: bool) -> Iterator[bool]:
     except OSError:
         fd = None
     try:
-        if fd is not None:
-            fcntl.flock(fd, (fcntl.LOCK_SH if shared else fcntl.LOCK_EX) | fcntl.LOCK_NB)
         held = True
-    except BlockingIOError:
-        held = False
-    try:
+        if fd is not None:
+            try:
+                fcntl.flock(fd, (fcntl.LOCK_SH if shared else fcntl.LOCK_EX) | fcntl.LOCK_NB)
+            except BlockingIOError:
+                held = False
         yield held
     finally:
         if fd is not None:
@@ -249,9 +249,10 @@ def _sha256(file: Path) -> str:
 
 
 def _records(model: TinyLM, tokenizer: Tokenizer, tokenizer_file: Path) -> dict[str, str]:
-    """model.safetensors' metadata, which loading checks model_config.json (another n_head fits
-    the same weights) and tokenizer.json against; a run may continue with another dropout."""
+    """model.safetensors' metadata: what loading checks model_config.json and tokenizer.json
+    against (a model_config.json with another n_head fits the same weights)."""
     kind = "char" if isinstance(tokenizer, CharTokenizer) else "bpe"
+    # the model's shape: a run may continue with another dropout
     shape = {k: v for k, v in model.config.to_dict().items() if k != "dropout"}
     return {MODEL_RECORD: json.dumps(shape),
             TOKENIZER_RECORD: json.dumps({"kind": kind, "vocab_size": tokenizer.vocab_size,
@@ -385,8 +386,9 @@ def _read_checkpoint(directory: Path, device: str | torch.device) -> Checkpoint:
     _refuse_non_finite(model, weights)
     state = directory / TRAINER_STATE_FILE
     model.to(device).eval()
-    return Checkpoint(directory, model, config, tokenizer, read_run_config(
-        directory / RUN_CONFIG_FILE), state if state.is_file() else None)
+    run_config = read_run_config(directory / RUN_CONFIG_FILE)
+    return Checkpoint(directory, model, config, tokenizer, run_config,
+                      state if state.is_file() else None)
 
 
 def default_logdir(checkpoint_dir: Path, kind: str = "inspect") -> Path:

@@ -34,9 +34,15 @@ def to_dataclass(cls: type[T], node: Mapping[str, Any] | None, prefix: str) -> T
     return cls(**values)
 
 
+def shown(value: Any) -> str:
+    """repr(value) for a one-line message: a crafted value (a config.json's) may be huge."""
+    text = repr(value)
+    return text if len(text) <= 80 else f"{text[:77]}..."
+
+
 def bad(key: str, value: Any, rule: str) -> ConfigError:
     """The one error every check raises."""
-    return ConfigError(f"{key}={value!r} is not allowed: {rule}")
+    return ConfigError(f"{key}={shown(value)} is not allowed: {rule}")
 
 
 def _or_null(rule: str, null: str | None) -> str:

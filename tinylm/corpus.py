@@ -36,8 +36,8 @@ OFFLINE_CHOICES = ("offline, train on the embedded TinyStories sample (data=tiny
                    "Shakespeare (data=tinyshakespeare) or on your own text (data=text "
                    "'data.files=[notes/*.txt]')")
 READ_CHUNK = 8 << 20  # characters read from a local file at a time
-# A line holding only this ends a document (sample_by=document), as it ends each story in the raw
-# TinyStories files (tinylm.tokenizer.EOT, whose id joins documents)
+# A line holding only <|endoftext|> ends a document (sample_by=document), as it ends each story in
+# the raw TinyStories files (tinylm.tokenizer.EOT, a layer above this one, whose id joins them)
 DOCUMENT_END_LINE = re.compile(r"^[ \t]*<\|endoftext\|>[ \t]*$", re.MULTILINE)
 # what switches datasets off the hub, in the order datasets lets them decide
 OFFLINE_SWITCHES = ("HF_DATASETS_OFFLINE", "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")

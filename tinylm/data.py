@@ -341,12 +341,15 @@ def prepare_data(data_cfg: DataConfig, tok_cfg: TokenizerConfig, *, force: bool 
     except NotWritten as err:  # name the cache, not a file in the hidden build folder
         raise not_written(directory, err.__cause__) from err
 
-    bins = "".join(f"  {split + '.bin':16}{meta[f'{split}_tokens']:>12,} tokens ({meta['dtype']}, "
-                   f"{plural(meta[f'{split}_rows'], data_cfg.row_unit)})\n"
-                   for split in ("train", "val"))
-    log(f"Wrote {directory}/ in {time.perf_counter() - start:.1f} s:\n{bins}"
-        f"  tokenizer.json  {meta['tokenizer']}, vocab_size {meta['vocab_size']:,} "
-        f"({EOT} = id {meta['eot_id']})\n  meta.json       fingerprint {key[:12]}")
+    m, dtype, unit = meta, meta["dtype"], data_cfg.row_unit
+    log(f"Wrote {directory}/ in {time.perf_counter() - start:.1f} s:\n"
+        f"  train.bin       {m['train_tokens']:>12,} tokens ({dtype}, "
+        f"{plural(m['train_rows'], unit)})\n"
+        f"  val.bin         {m['val_tokens']:>12,} tokens ({dtype}, "
+        f"{plural(m['val_rows'], unit)})\n"
+        f"  tokenizer.json  {m['tokenizer']}, vocab_size {m['vocab_size']:,} "
+        f"({EOT} = id {m['eot_id']})\n"
+        f"  meta.json       fingerprint {key[:12]}")
     warn_if_small(meta, log)
     return PreparedData(directory, directory / "train.bin", directory / "val.bin", meta, tokenizer)
 

@@ -54,10 +54,13 @@ class HookPoint:
 
 
 def hook_points(model: nn.Module) -> dict[str, HookPoint]:
-    """Every hook point of `model` by its name (module path), in the order its modules made them."""
-    return {f"{path}.{name}" if path else name: point
-            for path, module in model.named_modules()
-            for name, point in vars(module).items() if isinstance(point, HookPoint)}
+    """Every hook point of `model` by its name: its module's path, then its attribute."""
+    points = {}
+    for path, module in model.named_modules():
+        for name, point in vars(module).items():
+            if isinstance(point, HookPoint):
+                points[f"{path}.{name}" if path else name] = point
+    return points
 
 
 def resolve(model: nn.Module, names: Iterable[str]) -> list[str]:

@@ -304,7 +304,14 @@ class CharTokenizer(Tokenizer):
 
     def token_strings(self, ids: Iterable[int]) -> list[str]:
         vocabulary = [*self.chars, EOT]  # id -> its text
-        return [vocabulary[int(i)] for i in ids]
+        labels = []
+        for token_id in map(int, ids):
+            # a model may be wider than its tokenizer (model.vocab_size): it can sample such ids
+            if not 0 <= token_id < len(vocabulary):
+                raise ValueError(f"token id {token_id} is outside this tokenizer's "
+                                 f"vocabulary of {self.vocab_size}")
+            labels.append(vocabulary[token_id])
+        return labels
 
     def save(self, path: str | Path) -> None:
         data = {"kind": "tinylm-char", "version": 1, "eot": EOT, "chars": self.chars}

@@ -353,11 +353,7 @@ def register_help(prog: str, config_name: str, schema: type, groups: tuple[str, 
             "about": lambda: comment[0].strip() if comment else prog,
             "examples": lambda: "\n".join(f"  {line.strip()}" for line in comment
                                           if line.split()[:1] == [prog]),
-            "meanings": lambda: "".join(
-                "\n" + textwrap.fill(text, HELP_WIDTH, initial_indent=f"  {key}: ",
-                                     subsequent_indent="    ")
-                for key, text in field_comments(schema).items()
-            ).replace("\n", "\n\nWhat each option means:\n", 1),
+            "meanings": lambda: meanings(schema),
             "groups": lambda: "".join(
                 f"\n  {group}={chosen.get(group) or 'null'}  (choices: "
                 f"{', '.join(group_choices(group))})"
@@ -366,6 +362,13 @@ def register_help(prog: str, config_name: str, schema: type, groups: tuple[str, 
         }[name]()
         return text.replace("$", "$$")  # Hydra fills the template in with $NAME
     OmegaConf.register_new_resolver("tinylm.help", part, replace=True)
+
+
+def meanings(schema: type) -> str:
+    """--help's section saying what each option means ("" where no field says)."""
+    rows = [textwrap.fill(text, HELP_WIDTH, initial_indent=f"  {key}: ", subsequent_indent="    ")
+            for key, text in field_comments(schema).items()]
+    return "\n\nWhat each option means:\n" + "\n".join(rows) if rows else ""
 
 
 def field_comments(cls: type, prefix: str = "") -> dict[str, str]:

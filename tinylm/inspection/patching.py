@@ -181,7 +181,7 @@ class PatchingResult:
         _want(isinstance(first, list) and len(first) > 0 and isinstance(first[0], list)
               and len(first[0]) > 0, "pairs[0].m_patched_all", "is not a layers x heads list")
         shape = (len(first), len(first[0]))
-        pairs, m = [], []
+        pairs, margins = [], []
         for i, p in enumerate(entries):
             key = f"pairs[{i}]"
             _want(isinstance(p, dict), key, "is not an object")
@@ -195,10 +195,10 @@ class PatchingResult:
                   "is not a count of its tokens")
             _want(isinstance(p.get("source"), str), f"{key}.source", "is not a text")
             pairs.append(PatchPair(p["source"], clean, other, tuple(target), shared))
-            m.append([_numbers(p.get(k), dims, f"{key}.{k}") for k, dims in (
+            margins.append([_numbers(p.get(k), dims, f"{key}.{k}") for k, dims in (
                 ("m_clean", ()), ("m_counterfactual", ()), ("m_patched_all", shape),
                 ("m_patched_by_position", (*shape, len(clean))))])
-        m_clean, m_counterfactual, at_all, rows = zip(*m, strict=True)
+        m_clean, m_counterfactual, at_all, rows = zip(*margins, strict=True)
         by_position = np.full((len(pairs), *shape, max(len(p.clean_ids) for p in pairs)), np.nan)
         for i, row in enumerate(rows):
             by_position[i, ..., :row.shape[-1]] = row

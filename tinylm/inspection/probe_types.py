@@ -268,6 +268,7 @@ class Deciding(ProbeType):
         shown = sorted({head_name(r): r for pick in picks for r in pick}.values(),
                        key=lambda r: -r["mean_attention"])
         names = ["attention", *(r.name for r in measured)]
+        # a rule two readings share is said once
         rules = dict.fromkeys([f"attention {OVER_MEDIAN:g}x the median head's",
                                *(r.rule for r in measured)])
         lines = [f"evidence: each head's attention from the token before the pronoun to the name "

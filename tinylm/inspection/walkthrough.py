@@ -361,8 +361,10 @@ def explain_given_multi_head(n_head: int, x: torch.Tensor | None = None,
         raise ValueError(f"d_model={d_model} is not divisible by n_head={n_head}: each head "
                          f"takes d_model / n_head columns; use d_model in "
                          f"{[n_head * m for m in range(1, 4)]}")
-    def numbers(t: int, c: int) -> int:  # W_q, W_k, W_v, W_o; X, Q, K, V, concat, output;
-        return 4 * c * c + 6 * t * c + 2 * n_head * t * t  # each head's scores and weights
+    def numbers(t: int, c: int) -> int:
+        """What it prints: W_q, W_k, W_v, W_o; X, Q, K, V, concat, output; each head's scores
+        and weights."""
+        return 4 * c * c + 6 * t * c + 2 * n_head * t * t
 
     if printable is not None and x is None:  # then d_model sets the size: the random x has 3 rows
         printable("d_model", d_model, None, lambda c: numbers(3, c))

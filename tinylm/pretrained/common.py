@@ -11,6 +11,8 @@ import torch
 from safetensors import safe_open
 from torch import nn
 
+from tinylm.config import shown
+
 HUB_PREFIX = "hf:"
 CONFIG_FILE, WEIGHTS_FILE, TOKENIZER_FILE = "config.json", "model.safetensors", "tokenizer.json"
 PICKLE_FILE = "pytorch_model.bin"
@@ -22,11 +24,8 @@ Table = dict[str, "str | tuple[str, ...] | None"]
 
 
 def refused(where: Path, key: str, value, rule: str) -> ValueError:
-    """The one error a config.json value tinylm cannot take raises; a crafted value may be huge,
-    so its repr is cut to one readable line."""
-    text = repr(value)
-    text = text if len(text) <= 80 else f"{text[:77]}..."
-    return ValueError(f"{where}: {key}={text} is not supported: {rule}")
+    """The one error a config.json value tinylm cannot take raises."""
+    return ValueError(f"{where}: {key}={shown(value)} is not supported: {rule}")
 
 
 def shape_of(hf: dict, keys: dict[str, str], where: Path, layers: int) -> dict[str, int]:

@@ -282,6 +282,9 @@ def read_config(hf: dict, where: Path, layers: int) -> LlamaConfig:
     kind = hf.get("model_type")
     hf = {**COMMON_DEFAULTS, **DEFAULTS[kind], **hf, **FIXED.get(kind, {})}
     shape = common.shape_of(hf, SHAPE, where, layers)
+    for key in ("intermediate_size", "num_key_value_heads"):  # the latter null: one per head
+        if type(hf[key]) is not int and (key == "intermediate_size" or hf[key] is not None):
+            raise refused(where, key, hf[key], "it must be a whole number")
     if hf["hidden_act"] != "silu":
         raise refused(where, "hidden_act", hf["hidden_act"], "tinylm's SwiGLU gates with silu")
     head_size = shape["n_embd"] // max(shape["n_head"], 1)

@@ -93,9 +93,8 @@ def train(cfg: RunConfig, on_start: Callable[[], None] | None = None) -> dict:
         with run_dir_lock(cfg.run_dir) if rank == 0 else contextlib.nullcontext():
             return Trainer(cfg, on_start).run()
     except Exception as err:  # torch.compile builds its kernels in the first step
-        found = re.search(r"No working C\+\+ compiler[^\n]*", str(err)) if cfg.train.compile \
-            else None
-        if found is None:
+        found = cfg.train.compile and re.search(r"No working C\+\+ compiler[^\n]*", str(err))
+        if not found:
             raise
         raise ValueError(
             f"train.compile=true: torch.compile builds CPU kernels with a C++ compiler and found "

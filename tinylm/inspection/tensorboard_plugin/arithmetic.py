@@ -2,7 +2,7 @@
 the explainer's steps (../shared/docs/attention-explainer.md) on the model's own numbers (each
 earlier key's q·k, ÷√d, the mask, minus the row max, exp, the sum and the weight, and the value
 terms they mix), recomputed with tinylm.attention.attention_steps from the q, k and v that
-summary.write_arithmetic stored and checked against the weight the model's forward pass gave.
+summary.write_attention stored and checked against the weight the model's forward pass gave.
 """
 
 from __future__ import annotations
