@@ -19,8 +19,13 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from tinylm.hooks import run_with_cache
-from tinylm.inspection.head_numbers import ArithmeticCapture, capture_arithmetic
+from tinylm.hooks import caching
+from tinylm.inspection.head_numbers import (
+    ArithmeticCapture,
+    arithmetic_from,
+    arithmetic_layers,
+    arithmetic_names,
+)
 
 
 def _cased(words: str) -> frozenset[str]:
@@ -199,7 +204,7 @@ def capture_attention(model, tokenizer, text: str, keep: str = "first") -> Atten
     """One forward pass over `text` with every layer's attention weights kept (read at the hook
     points blocks.{i}.attn.hook_pattern); a longer text than block_size is cut to its first or
     last block_size tokens (`keep`; after generation "first" is the attention the model wrote
-    them with). A second pass keeps the q, k and v behind those weights, as many layers as
+    them with). The same pass keeps the q, k and v behind those weights, as many layers as
     head_numbers.MAX_STORED numbers hold, for the tab's arithmetic panel."""
     ids, offsets = tokenizer.encode_with_offsets(text)
     if not ids:
@@ -210,12 +215,16 @@ def capture_attention(model, tokenizer, text: str, keep: str = "first") -> Atten
     ids, offsets = list(ids[window]), [tuple(o) for o in offsets[window]]
     device = next(model.parameters()).device
     idx = torch.tensor([ids], dtype=torch.long, device=device)
-    _, cache = run_with_cache(model, idx, ["hook_pattern"])  # filled in forward order: by layer
-    weights = torch.stack([w[0] for w in cache.values()]).float().cpu().numpy()  # (L, nh, T, T)
+    kept, not_stored = arithmetic_layers(model, len(ids))
+    with caching(model, [*arithmetic_names(kept), "hook_pattern"]) as cache:
+        model(idx)
+    weights = torch.stack([cache[f"blocks.{i}.attn.hook_pattern"][0]  # (L, nh, T, T)
+                           for i in range(len(model.blocks))]).float().cpu().numpy()
     word_spans = find_words(text)
     return AttentionCapture(text, ids, list(tokenizer.token_strings(ids)), offsets, weights,
                             word_spans, token_word_index(offsets, word_spans, len(text)),
-                            start, n, kv_heads(model), capture_arithmetic(model, ids))
+                            start, n, kv_heads(model),
+                            arithmetic_from(model, cache, len(ids), kept, not_stored))
 
 
 # The two query positions a pronoun is read from, in the order they are shown.

@@ -70,16 +70,13 @@ def layer_window(attn, positions: int) -> tuple[int | None, bool]:
     return window, window is not None
 
 
-@torch.inference_mode()
-def capture_arithmetic(model, ids, budget: int = MAX_STORED) -> ArithmeticCapture:
-    """One forward pass over token ids (T,) reading the q, k, v and weights of layers 0, 1, ...
-    while they fit in `budget` numbers, at their hook points (tinylm.hooks.caching)."""
-    device = next(model.parameters()).device
-    idx = torch.as_tensor(ids, dtype=torch.long, device=device).reshape(1, -1)
-    t, blocks = idx.size(1), model.blocks
+def arithmetic_layers(model, t: int, budget: int = MAX_STORED
+                      ) -> tuple[list[tuple[int, int | None]], str]:
+    """The layers 0, 1, ... whose q, k, v and weights over t tokens fit in `budget` numbers, each
+    with its band (layer_window), and why the others are not kept ("" when every one is)."""
     positions = min(int(model.config.block_size), MASK_POSITIONS)
     kept, not_band, why, total = [], [], [], 0
-    for i, block in enumerate(blocks):
+    for i, block in enumerate(model.blocks):
         attn = block.attn
         window, band = layer_window(attn, positions)
         if not band:
@@ -97,21 +94,29 @@ def capture_arithmetic(model, ids, budget: int = MAX_STORED) -> ArithmeticCaptur
     if not_band:
         why.insert(0, f"layers {', '.join(map(str, not_band))} hide more than a band of "
                    "earlier positions")
-    name, first = type(model).__name__, blocks[0].attn
+    return kept, "; ".join(why)
+
+
+POINTS = ("hook_q", "hook_k", "hook_v", "hook_pattern")
+
+
+def arithmetic_names(kept: list[tuple[int, int | None]]) -> list[str]:
+    """The hook points a forward pass must cache for arithmetic_from: the kept layers' q, k, v
+    and weights."""
+    return [f"blocks.{i}.attn.{p}" for i, _ in kept for p in POINTS]
+
+
+def arithmetic_from(model, cache: dict[str, torch.Tensor], t: int,
+                    kept: list[tuple[int, int | None]], not_stored: str) -> ArithmeticCapture:
+    """The ArithmeticCapture of one text's forward pass, from its cache of arithmetic_names."""
+    name, blocks = type(model).__name__, model.blocks
+    first = blocks[0].attn
     numbers = ArithmeticCapture(ARCHITECTURES.get(name, name), len(blocks), first.n_head,
-                                first.head_size, t, "float32", not_stored="; ".join(why))
-    if not kept:
-        return numbers
-    points = ("hook_q", "hook_k", "hook_v", "hook_pattern")
-    names = [f"blocks.{i}.attn.{p}" for i, _ in kept for p in points]
-    # every layer's weights are read, as capture_attention reads them, so that every layer takes
-    # the same (explicit) path and the numbers are the ones the tab's own weights come from
-    with caching(model, [*names, "hook_pattern"]) as cache:
-        model(idx)
+                                first.head_size, t, "float32", not_stored=not_stored)
     rows, cols = np.tril_indices(t)
     for i, window in kept:
         attn = blocks[i].attn
-        q, k, v, w = (cache[f"blocks.{i}.attn.{p}"][0] for p in points)
+        q, k, v, w = (cache[f"blocks.{i}.attn.{p}"][0] for p in POINTS)
         numbers.dtype = str(q.dtype).removeprefix("torch.")
         w = w.float().cpu().numpy()[:, rows, cols]  # (nh, T(T+1)/2): the causal triangle
         flat = np.concatenate([x.float().cpu().numpy().ravel() for x in (q, k, v)] + [w.ravel()])
@@ -119,6 +124,22 @@ def capture_arithmetic(model, ids, budget: int = MAX_STORED) -> ArithmeticCaptur
             i, k.size(0), None if attn.scale is None else float(attn.scale), window,
             hasattr(attn, "rotary"), flat.astype("<f4")))
     return numbers
+
+
+@torch.inference_mode()
+def capture_arithmetic(model, ids, budget: int = MAX_STORED) -> ArithmeticCapture:
+    """One forward pass over token ids (T,) reading the q, k, v and weights of layers 0, 1, ...
+    while they fit in `budget` numbers, at their hook points (tinylm.hooks.caching)."""
+    device = next(model.parameters()).device
+    idx = torch.as_tensor(ids, dtype=torch.long, device=device).reshape(1, -1)
+    kept, not_stored = arithmetic_layers(model, idx.size(1), budget)
+    cache = {}
+    if kept:
+        # every layer's weights are read, as capture_attention reads them, so that every layer
+        # takes the same (explicit) path and the numbers are the ones the tab's weights come from
+        with caching(model, [*arithmetic_names(kept), "hook_pattern"]) as cache:
+            model(idx)
+    return arithmetic_from(model, cache, idx.size(1), kept, not_stored)
 
 
 def band_width(hidden: torch.Tensor) -> int | None:
