@@ -69,13 +69,18 @@ def resolve(model: nn.Module, names: Iterable[str]) -> list[str]:
     points = hook_points(model)
     found = []
     for name in names:
-        matches = [p for p in points if p == name or p.endswith(f".{name}")]
-        if not matches:
-            kinds = sorted({p.rsplit(".", 1)[-1] for p in points})
-            raise KeyError(f"no hook point {name!r}; there are {', '.join(kinds)} in each layer, "
-                           "or a full name like blocks.0.attn.hook_pattern")
-        found += [m for m in matches if m not in found]
+        found += [m for m in _matching(points, name) if m not in found]
     return found
+
+
+def _matching(points: Mapping[str, HookPoint], name: str) -> list[str]:
+    """The names of `points` that `name` means (see resolve)."""
+    matches = [p for p in points if p == name or p.endswith(f".{name}")]
+    if not matches:
+        kinds = sorted({p.rsplit(".", 1)[-1] for p in points})
+        raise KeyError(f"no hook point {name!r}; there are {', '.join(kinds)} in each layer, "
+                       "or a full name like blocks.0.attn.hook_pattern")
+    return matches
 
 
 @contextmanager
@@ -85,7 +90,7 @@ def hooks(model: nn.Module, fns: Mapping[str, Hook]) -> Iterator[None]:
     added = []
     try:
         for name, fn in fns.items():
-            for full in resolve(model, [name]):
+            for full in _matching(points, name):
                 points[full].fns.append(fn)
                 added.append((points[full], fn))
         yield
